@@ -1,0 +1,166 @@
+"""Positional attention scores on a 2-D token grid (Cordonnier et al., ICLR 2020, §3 and §4).
+
+Each module here produces the position term of the attention logits for an ``(H, W)`` grid of queries and keys.
+Two kinds exist:
+
+* **input-independent** terms (:class:`QuadraticScores`, :class:`LearnedScores`): ``forward(height, width)`` gives
+  ``(heads, H, W, H, W)`` logits shared by the whole batch. When the term is a sum of a row-offset part and a
+  column-offset part, ``separable`` is true and ``axis_logits`` gives the two ``(heads, L, L)`` parts; the softmax
+  then factorises over rows and columns (see :mod:`timm_attnconv.layers.positional_attention`).
+* **query-dependent** terms (:class:`QueryRelativeScores`): ``forward(q)`` gives ``q · r`` logits per sample.
+
+Offsets are ``key - query`` in (row, column) order everywhere, as in the original code (spec §2.3).
+"""
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+
+from .relative import gather_relative, relative_offsets, rel_logits_2d
+
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits']
+
+
+def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """``(..., H, H)`` row and ``(..., W, W)`` column logits → dense ``(..., H, W, H, W)`` logits (their sum)."""
+    return rows[..., :, None, :, None] + cols[..., None, :, None, :]
+
+
+class QuadraticScores(nn.Module):
+    """Quadratic relative encoding ``s_h(δ) = -½ (δ - μ_h)ᵀ Σ_h⁻¹ (δ - μ_h)`` (paper eq. 9 and §4.1).
+
+    Isotropic heads use ``Σ_h⁻¹ = σ_h² I`` (``spreads`` of shape ``(heads,)``, paper ``α_h = σ_h² / 2``);
+    generalized heads use ``Σ_h⁻¹ = S_h S_hᵀ`` (``spreads`` of shape ``(heads, 2, 2)``), the product the original
+    forward pass uses (its pruning code used ``SᵀS``; spec §8.4). Scores are not scaled by ``1/√d``.
+
+    The constant ``½ μᵀ Σ⁻¹ μ`` that the original 5-term form drops is kept here; it cancels in the softmax.
+    """
+
+    def __init__(
+            self,
+            num_heads: int,
+            isotropic: bool = True,
+            init_center_std: float = 2.0,
+            init_spread_std: float = 0.01,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        self.num_heads = num_heads
+        self.isotropic = isotropic
+        self.separable = isotropic
+        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        spread_shape = (num_heads,) if isotropic else (num_heads, 2, 2)
+        self.spreads = nn.Parameter(torch.empty(spread_shape, **dd))
+        self.init_center_std = init_center_std
+        self.init_spread_std = init_spread_std
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # the original initialisation (spec §2.3): μ ~ N(0, 2), S ~ I + N(0, 0.01)
+        nn.init.normal_(self.centers, std=self.init_center_std)
+        nn.init.normal_(self.spreads, std=self.init_spread_std)
+        with torch.no_grad():
+            if self.isotropic:
+                self.spreads.add_(1.)
+            else:
+                self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
+
+    def inverse_covariance(self) -> torch.Tensor:
+        """``(heads, 2, 2)`` matrices ``Σ_h⁻¹``."""
+        if self.isotropic:
+            eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
+            return self.spreads.pow(2)[:, None, None] * eye
+        return self.spreads @ self.spreads.transpose(-1, -2)
+
+    def _centred_offsets(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        # (heads, H, H) and (heads, W, W): δ - μ_h along rows and along columns
+        dtype = self.centers.dtype
+        rows = relative_offsets(height, self.centers.device, dtype)[None] - self.centers[:, 0, None, None]
+        cols = relative_offsets(width, self.centers.device, dtype)[None] - self.centers[:, 1, None, None]
+        return rows, cols
+
+    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Row and column parts ``(heads, H, H)``, ``(heads, W, W)`` of an isotropic head's logits."""
+        if not self.separable:
+            raise RuntimeError('generalized quadratic scores have a row-column cross term and are not separable')
+        rows, cols = self._centred_offsets(height, width)
+        alpha = -0.5 * self.spreads.pow(2)[:, None, None]
+        return alpha * rows.pow(2), alpha * cols.pow(2)
+
+    def forward(self, height: int, width: int) -> torch.Tensor:
+        """Dense ``(heads, H, W, H, W)`` logits, ``[h, i, j, k, l]`` for query ``(i, j)`` and key ``(k, l)``."""
+        if self.separable:
+            rows, cols = self.axis_logits(height, width)
+            return combine_axis_logits(rows, cols)
+        rows, cols = self._centred_offsets(height, width)
+        inv_cov = self.inverse_covariance()
+        a, b, c = inv_cov[:, 0, 0, None, None], inv_cov[:, 0, 1, None, None], inv_cov[:, 1, 1, None, None]
+        rows = rows[:, :, None, :, None]
+        cols = cols[:, None, :, None, :]
+        return -0.5 * (a[..., None, None] * rows.pow(2) + c[..., None, None] * cols.pow(2)
+                       + 2 * b[..., None, None] * rows * cols)
+
+
+class LearnedScores(nn.Module):
+    """Learned 2-D relative encoding, positional scores only (paper eq. 8 without the content term, §4.2).
+
+    ``s_h(δ) = w_h,rowsᵀ r_rows[δ_row] + w_h,colsᵀ r_cols[δ_col]``: two tables of ``2 M - 1`` offset embeddings
+    (``M`` = grid side they were made for) and per-head keys ``Linear(dim → heads, bias=False)``. The score is a sum of
+    a row term and a column term, so it is ``separable``.
+
+    The original code named the tables the other way round (its ``col_embeddings`` scored row offsets; spec §8.3);
+    ``checkpoint_filter_fn`` of the model maps them.
+    """
+
+    separable = True
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            max_grid: int = 16,
+            resize: bool = True,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        self.num_heads = num_heads
+        self.resize = resize
+        self.rows = nn.Embedding(2 * max_grid - 1, dim, **dd)
+        self.cols = nn.Embedding(2 * max_grid - 1, dim, **dd)
+        self.row_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+        self.col_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+
+    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        # project the 2M-1 offset embeddings first (cheaper than gathering L² of them; interpolation is linear too)
+        rows = gather_relative(self.row_keys(self.rows.weight), height, self.resize, 'row-offset table')
+        cols = gather_relative(self.col_keys(self.cols.weight), width, self.resize, 'column-offset table')
+        return rows.permute(2, 0, 1), cols.permute(2, 0, 1)
+
+    def forward(self, height: int, width: int) -> torch.Tensor:
+        rows, cols = self.axis_logits(height, width)
+        return combine_axis_logits(rows, cols)
+
+
+class QueryRelativeScores(nn.Module):
+    """Query-dependent relative scores ``q · r`` (Ramachandran et al. 2019), as in the paper's content model.
+
+    The first half of each head's query scores row offsets, the second half column offsets (spec §2.8); both
+    tables are shared by all heads. Returns unscaled logits; the attention core scales them with the content term.
+    """
+
+    def __init__(self, dim: int, max_grid: int = 16, resize: bool = True, device=None, dtype=None):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        self.split = dim // 2
+        self.resize = resize
+        self.rows = nn.Embedding(2 * max_grid - 1, self.split, **dd)
+        self.cols = nn.Embedding(2 * max_grid - 1, dim - self.split, **dd)
+
+    def forward(self, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``q``: ``(B, heads, H, W, dim)`` → row and column logits ``(B, heads, H, W, H)``, ``(B, heads, H, W, W)``."""
+        return rel_logits_2d(
+            q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)

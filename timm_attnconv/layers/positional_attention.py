@@ -1,0 +1,196 @@
+"""The self-attention layer of Cordonnier et al. (ICLR 2020) with pluggable position terms and exact fast paths.
+
+Per head ``h`` and query pixel ``q`` the layer averages the *full-width* input (paper eq. 4 with ``W_val`` merged
+into the output projection, spec §2.5)::
+
+    A_h = softmax_k( s_h(k - q) [+ q_hᵀ k_h / √D] )          # position term, optional content term
+    y   = proj( proj_heads( concat_h  A_h X ) )              # proj_heads: Linear(heads·D → D), proj: Linear(D → D)
+
+When the position term does not depend on the input and is a sum of a row and a column term
+(``s(δ) = s_rows(δ_row) + s_cols(δ_col)``, true of isotropic quadratic and learned positional scores), the softmax
+over the ``H·W`` keys factorises, ``A[(i,j),(k,l)] = A_rows[i,k] · A_cols[j,l]``, because both the exponentials and
+their normaliser are products. ``A X`` is then two 1-D contractions, ``O(HW(H+W)D)`` per head instead of
+``O((HW)²D)``, with the same result (the ``separable`` path). ``dense`` is the original algorithm.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import use_fused_attn
+
+from .position_scores import LearnedScores, QuadraticScores, QueryRelativeScores
+
+__all__ = ['PositionalSelfAttention', 'ATTN_PATHS']
+
+ATTN_PATHS = ('auto', 'dense', 'separable')
+
+def _position_module(position: str, dim: int, num_heads: int, max_grid: int, resize_tables: bool, dd: dict):
+    if position == 'quadratic':
+        return QuadraticScores(num_heads, isotropic=True, **dd)
+    if position == 'quadratic_gen':
+        return QuadraticScores(num_heads, isotropic=False, **dd)
+    if position == 'learned':
+        return LearnedScores(dim, num_heads, max_grid=max_grid, resize=resize_tables, **dd)
+    if position == 'query_relative':
+        return QueryRelativeScores(dim, max_grid=max_grid, resize=resize_tables, **dd)
+    raise ValueError(
+        f"unknown position term {position!r}: use 'quadratic', 'quadratic_gen', 'learned' or 'query_relative'")
+
+
+class PositionalSelfAttention(nn.Module):
+    """Multi-head self-attention on an NHWC token grid with full-width heads (Cordonnier et al. 2020, §2 and §4).
+
+    Args:
+        dim: token width ``D``; every head attends over all ``D`` channels (per-head width is ``D``, not ``D/heads``).
+        num_heads: number of heads.
+        position: ``'quadratic'`` (isotropic), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``), ``'learned'`` (``w·r``) or
+            ``'query_relative'`` (``q·r``, needs ``content``).
+        content: add the content term ``q·k/√D`` with ``q, k = Linear(D → heads·D)``.
+        max_grid: grid side the learned relative tables cover (``2·max_grid − 1`` offsets).
+        resize_tables: interpolate learned tables for larger grids; if false such inputs raise ``ValueError``.
+        attn_drop: dropout on the attention probabilities (one mask for the whole batch when they are
+            input-independent, as in the original).
+        proj_drop: dropout after the output projection.
+        attn_path: ``'dense'`` (the original algorithm: full ``(HW)²`` maps, one einsum over all heads, then
+            ``proj_heads``), ``'separable'`` (exact factorised softmax; needs a separable, input-independent position
+            term) or ``'auto'`` (``separable`` where it is exact, else ``dense``).
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            position: str = 'quadratic',
+            content: bool = False,
+            max_grid: int = 16,
+            resize_tables: bool = True,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            attn_path: str = 'auto',
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        if attn_path not in ATTN_PATHS:
+            raise ValueError(f'attn_path must be one of {ATTN_PATHS}, got {attn_path!r}')
+        if position == 'query_relative' and not content:
+            raise ValueError("position='query_relative' scores queries, so it needs content=True")
+        if num_heads < 1:
+            raise ValueError(f'num_heads must be at least 1, got {num_heads}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.content = content
+        self.query_position = position == 'query_relative'
+        self.scale = dim ** -0.5
+        self.pos = _position_module(position, dim, num_heads, max_grid, resize_tables, dd)
+        self.separable = (not content) and bool(getattr(self.pos, 'separable', False))
+        if attn_path == 'separable' and not self.separable:
+            raise ValueError(
+                f"attn_path='separable' needs an input-independent row+column position term; position={position!r}"
+                f"{' with content' if content else ''} is not separable: use attn_path='dense' or 'auto'")
+        self.attn_path = attn_path
+        self.fused_attn = use_fused_attn()
+        if content:
+            self.q = nn.Linear(dim, num_heads * dim, **dd)
+            self.k = nn.Linear(dim, num_heads * dim, **dd)
+        else:
+            self.q = self.k = None
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj_heads = nn.Linear(num_heads * dim, dim, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _use_separable(self) -> bool:
+        if not self.separable or self.attn_path == 'dense':
+            return False
+        # dropout on a factorised map would not be dropout on the map: keep the original maths while it is active
+        return not (self.training and self.attn_drop.p > 0)
+
+    def _content_qk(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        # (B, N, D) -> q, k of shape (B, heads, N, D)
+        batch, num_tokens, dim = tokens.shape
+        q = self.q(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
+        k = self.k(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
+        return q, k
+
+    def _position_bias(self, q: Optional[torch.Tensor], height: int, width: int) -> torch.Tensor:
+        # position logits (1 or B, heads, N, N); q·r terms are scaled like the content term they join
+        num_tokens = height * width
+        if self.query_position:
+            assert q is not None
+            rows, cols = self.pos(q.reshape(q.shape[0], self.num_heads, height, width, self.dim))
+            bias = rows[..., :, None] + cols[..., None, :]
+            return bias.reshape(q.shape[0], self.num_heads, num_tokens, num_tokens) * self.scale
+        return self.pos(height, width).reshape(1, self.num_heads, num_tokens, num_tokens)
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-softmax logits ``(1 or B, heads, H·W, H·W)`` for NHWC input ``x``."""
+        batch, height, width, dim = x.shape
+        if not self.content:
+            return self._position_bias(None, height, width)
+        q, k = self._content_qk(x.reshape(batch, height * width, dim))
+        return (q * self.scale) @ k.transpose(-1, -2) + self._position_bias(q, height, width)
+
+    def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention probabilities ``(1 or B, heads, H·W, H·W)`` (without dropout), for analysis and tests."""
+        return self.attention_logits(x).softmax(dim=-1)
+
+    def _attend_separable(self, x: torch.Tensor) -> torch.Tensor:
+        # Σ_h (A_rows,h ⊗ A_cols,h) X W_hᵀ, one head at a time: measured faster on CPU than materialising the
+        # heads·D-wide concatenation, at every grid size tried (README, benchmark), and it never needs an (HW)² map.
+        batch, height, width, dim = x.shape
+        rows, cols = self.pos.axis_logits(height, width)
+        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        weight = self.proj_heads.weight
+        by_rows = x.reshape(batch * height, width, dim)
+        out = torch.zeros(1, dtype=x.dtype, device=x.device)
+        for head in range(self.num_heads):
+            y = torch.matmul(cols[head], by_rows).reshape(batch, height, width * dim)  # mix key columns
+            y = torch.matmul(rows[head], y).reshape(batch, height, width, dim)  # mix key rows
+            out = out + F.linear(y, weight[:, head * dim:(head + 1) * dim])
+        return out + self.proj_heads.bias
+
+    def _attend_dense(self, x: torch.Tensor) -> torch.Tensor:
+        batch, height, width, dim = x.shape
+        num_tokens = height * width
+        tokens = x.reshape(batch, num_tokens, dim)
+        if not self.content:
+            probs = self.attn_drop(self._position_bias(None, height, width)[0].softmax(dim=-1).to(x.dtype))
+            out = torch.einsum('hqk,bkd->bqhd', probs, tokens)
+        else:
+            q, k = self._content_qk(tokens)
+            bias = self._position_bias(q, height, width).to(q.dtype)
+            values = tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
+            if self.fused_attn:
+                out = F.scaled_dot_product_attention(
+                    q, k, values, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.,
+                    scale=self.scale)
+            else:
+                probs = ((q * self.scale) @ k.transpose(-1, -2) + bias).softmax(dim=-1)
+                out = self.attn_drop(probs) @ values
+            out = out.transpose(1, 2)
+        return self.proj_heads(out.reshape(batch, height, width, self.num_heads * dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: ``(B, H, W, D)`` tokens → ``(B, H, W, D)``."""
+        out = self._attend_separable(x) if self._use_separable() else self._attend_dense(x)
+        return self.proj_drop(self.proj(out))
+
+    @torch.no_grad()
+    def fuse(self) -> 'PositionalSelfAttention':
+        """Fold ``proj ∘ proj_heads`` (two linear maps with nothing between them) into one ``Linear(heads·D → D)``.
+
+        Called by ``timm.models.reparameterize_model``; inference only (the state dict changes shape).
+        """
+        if isinstance(self.proj, nn.Identity):
+            return self
+        fused = nn.Linear(
+            self.proj_heads.in_features, self.proj.out_features,
+            device=self.proj.weight.device, dtype=self.proj.weight.dtype)
+        fused.weight.copy_(self.proj.weight @ self.proj_heads.weight)
+        fused.bias.copy_(self.proj.weight @ self.proj_heads.bias + self.proj.bias)
+        self.proj_heads = fused
+        self.proj = nn.Identity()
+        return self

@@ -1,0 +1,14 @@
+"""Model families; importing this package registers every model with timm."""
+from typing import List
+
+import timm
+
+from .sa_cordonnier import SelfAttentionNet
+
+# timm keys its registry by the last component of each model's module name
+MODEL_MODULES = ('sa_cordonnier',)
+
+
+def list_models(filter: str = '', pretrained: bool = False) -> List[str]:
+    """Names of the models this package registers (timm's ``list_models`` restricted to its modules)."""
+    return timm.list_models(filter=filter, module=list(MODEL_MODULES), pretrained=pretrained)

@@ -1,0 +1,435 @@
+"""Attention-only CIFAR models of "On the Relationship between Self-Attention and Convolutional Layers"
+
+Paper: Jean-Baptiste Cordonnier, Andreas Loukas, Martin Jaggi, ICLR 2020, https://arxiv.org/abs/1911.03584
+Original code: https://github.com/epfml/attention-cnn (no weights published). This is a re-implementation from the
+paper and the design notes of this project (``docs/sa-cordonnier.md`` in the shared specification); no code of the
+original is used.
+
+Architecture (paper §5, Table 1): 2×2 space-to-depth of the image (a 2×2/2 conv), six post-LN BERT layers whose
+attention heads each average the full-width tokens (per-head width D, not D/heads), a per-head value map fused after
+attention (``proj_heads``, Linear(heads·D → D)) then ``proj`` (Linear(D → D)), an erf-GELU MLP, LayerNorm eps 1e-12,
+mean pooling and a linear classifier. Position terms: quadratic (isotropic or generalized), learned 2-D relative
+(``w·r``), learned relative + content (``q·k/√D`` with ``q·r`` or ``w·r``).
+
+Speed: isotropic quadratic and learned positional scores are sums of a row and a column term, so their softmax
+factorises and attention runs as two 1-D contractions per head (``attn_path='separable'``), exactly; see
+``timm_attnconv.layers.positional_attention``.
+
+@inproceedings{Cordonnier2020On,
+  title={On the Relationship between Self-Attention and Convolutional Layers},
+  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
+  booktitle={International Conference on Learning Representations},
+  year={2020}
+}
+"""
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import DropPath, Mlp, SelectAdaptivePool2d, register_notrace_function
+from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
+from timm.models._features import feature_take_indices
+
+from ..layers import PositionalSelfAttention
+from ._registry import register_model
+
+__all__ = ['SelfAttentionNet']
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)  # the original training code's values (spec §5), not the exact pixel std
+POS_ENCODINGS = ('quadratic', 'quadratic_gen', 'learned')
+REL_POS_SCORES = ('query', 'head')
+
+
+@register_notrace_function
+def check_image_batch(x: torch.Tensor, in_chans: int, patch_size: int) -> None:
+    """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with
+    ``H``, ``W`` positive multiples of ``patch_size``."""
+    expected = f'a float tensor of shape (batch, {in_chans}, H, W) with H and W multiples of {patch_size}'
+    if x.dim() != 4:
+        raise ValueError(f'expected {expected}; got {x.dim()} dimensions, shape {tuple(x.shape)}')
+    if not x.is_floating_point():
+        raise ValueError(f'expected {expected}; got dtype {x.dtype} (convert images with .float() and normalise)')
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f'expected {expected}; got {x.shape[1]} channels, shape {tuple(x.shape)} '
+            f'(create the model with in_chans={x.shape[1]} to change the input channels)')
+    height, width = x.shape[-2], x.shape[-1]
+    if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
+        raise ValueError(f'expected {expected}; got an image of {height}×{width}')
+
+
+class PostNormBlock(nn.Module):
+    """BERT layer, post-LN (spec §2.2): ``y = LN(x + attn(x)); out = LN(y + mlp(y))``."""
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_dim: int,
+            position: str = 'quadratic',
+            content: bool = False,
+            max_grid: int = 16,
+            resize_tables: bool = True,
+            attn_path: str = 'auto',
+            proj_drop: float = 0.,
+            attn_drop: float = 0.,
+            drop_path: float = 0.,
+            norm_eps: float = 1e-12,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        self.attn = PositionalSelfAttention(
+            dim, num_heads, position=position, content=content, max_grid=max_grid, resize_tables=resize_tables,
+            attn_drop=attn_drop, proj_drop=proj_drop, attn_path=attn_path, **dd)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
+        # the original has dropout only after the second MLP layer
+        self.mlp = Mlp(dim, mlp_dim, act_layer=nn.GELU, drop=(0., proj_drop), **dd)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.drop_path1(self.attn(x)))
+        return self.norm2(x + self.drop_path2(self.mlp(x)))
+
+
+class SelfAttentionNet(nn.Module):
+    """Attention-only image classifier of Cordonnier et al. (2020): space-to-depth stem, post-LN attention layers
+    with full-width heads, mean pooling.
+
+    Args:
+        in_chans: input image channels.
+        num_classes: classifier outputs (0 for none).
+        global_pool: ``'avg'`` (the paper's mean over tokens) or ``''`` (no pooling).
+        embed_dim: token width D (paper 400).
+        depth: number of layers (paper 6).
+        num_heads: heads per layer (paper 9), or one count per layer (pruned models).
+        mlp_dim: hidden width of the MLP (paper 512, absolute, not a ratio).
+        patch_size: side of the space-to-depth block (paper 2).
+        pos_encoding: ``'quadratic'`` (isotropic, paper §4.1), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``) or ``'learned'``.
+        content: add content attention ``q·k/√D`` (learned encoding only in the paper).
+        rel_pos_score: with ``content``, ``'query'`` scores offsets by ``q·r`` (the paper's 29.5M model, default) or
+            ``'head'`` by a learned per-head key ``w·r`` (the authors' first public code, 29.6M).
+        max_grid: token-grid side the learned relative tables cover (paper 16, for 32×32 images).
+        resize_tables: interpolate learned relative tables for larger grids; if false such inputs raise.
+        attn_path: ``'auto'``, ``'dense'`` (original algorithm) or ``'separable'``; see ``PositionalSelfAttention``.
+        drop_rate: dropout before the classifier (not in the paper).
+        proj_drop_rate: dropout after the attention output and the MLP (paper 0.1).
+        attn_drop_rate: dropout on attention probabilities (paper 0.1).
+        drop_path_rate: stochastic depth (not in the paper).
+        norm_eps: LayerNorm epsilon (paper 1e-12).
+    """
+
+    def __init__(
+            self,
+            in_chans: int = 3,
+            num_classes: int = 10,
+            global_pool: str = 'avg',
+            embed_dim: int = 400,
+            depth: int = 6,
+            num_heads: Union[int, Sequence[int]] = 9,
+            mlp_dim: int = 512,
+            patch_size: int = 2,
+            pos_encoding: str = 'quadratic',
+            content: bool = False,
+            rel_pos_score: str = 'query',
+            max_grid: int = 16,
+            resize_tables: bool = True,
+            attn_path: str = 'auto',
+            drop_rate: float = 0.,
+            proj_drop_rate: float = 0.1,
+            attn_drop_rate: float = 0.1,
+            drop_path_rate: float = 0.,
+            norm_eps: float = 1e-12,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        if pos_encoding not in POS_ENCODINGS:
+            raise ValueError(f'pos_encoding must be one of {POS_ENCODINGS}, got {pos_encoding!r}')
+        if rel_pos_score not in REL_POS_SCORES:
+            raise ValueError(f'rel_pos_score must be one of {REL_POS_SCORES}, got {rel_pos_score!r}')
+        if global_pool not in ('avg', ''):
+            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        heads = (num_heads,) * depth if isinstance(num_heads, int) else tuple(num_heads)
+        if len(heads) != depth:
+            raise ValueError(f'num_heads has {len(heads)} entries for depth={depth}: give one count per layer')
+        position = pos_encoding
+        if content and pos_encoding == 'learned' and rel_pos_score == 'query':
+            position = 'query_relative'
+
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.patch_size = patch_size
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_heads = heads
+        self.grad_checkpointing = False
+
+        self.patch_embed = nn.Module()
+        # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (spec §2.1); named like timm's PatchEmbed
+        self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
+        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        self.blocks = nn.Sequential(*[
+            PostNormBlock(
+                embed_dim, heads[i], mlp_dim, position=position, content=content, max_grid=max_grid,
+                resize_tables=resize_tables, attn_path=attn_path, proj_drop=proj_drop_rate,
+                attn_drop=attn_drop_rate, drop_path=dpr[i], norm_eps=norm_eps, **dd)
+            for i in range(depth)])
+        self.feature_info = [
+            dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
+        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        # the original recipe exempts only the Gaussian centres and spreads (spec §5)
+        return {'blocks.*.attn.pos.centers', 'blocks.*.attn.pos.spreads'}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(stem=r'^patch_embed', blocks=r'^blocks\.(\d+)')
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        device, dtype = self.patch_embed.proj.weight.device, self.patch_embed.proj.weight.dtype
+        self.head = nn.Linear(self.embed_dim, num_classes, device=device, dtype=dtype) \
+            if num_classes > 0 else nn.Identity()
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_batch(x, self.in_chans, self.patch_size)
+        return self.patch_embed.proj(x).permute(0, 2, 3, 1)  # NHWC tokens
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Features after each selected layer (``NCHW`` or ``NHWC``) and, unless ``intermediates_only``, the output of
+        ``forward_features``. ``norm`` is accepted for timm compatibility; post-LN layers already end in a norm."""
+        if output_fmt not in ('NCHW', 'NHWC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        intermediates = []
+        x = self._embed(x)
+        if torch.jit.is_scripting() or not stop_early:
+            blocks = self.blocks
+        else:
+            blocks = self.blocks[:max_index + 1]
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+            if i in take_indices:
+                intermediates.append(x.permute(0, 3, 1, 2) if output_fmt == 'NCHW' else x)
+        if intermediates_only:
+            return intermediates
+        return x.permute(0, 3, 1, 2), intermediates
+
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, List[int]] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> List[int]:
+        """Drop the layers after the last selected one (and the classifier if ``prune_head``)."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        if prune_head:
+            self.reset_classifier(0, '')
+        return take_indices
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` image → ``(B, D, H/2, W/2)`` features (an NCHW view of the NHWC tokens)."""
+        x = self._embed(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return x.permute(0, 3, 1, 2)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.global_pool(x)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def _original_layout(state_dict: Dict[str, torch.Tensor]) -> bool:
+    return 'features_upscale.weight' in state_dict or any(k.startswith('encoder.layer.') for k in state_dict)
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SelfAttentionNet) -> Dict[str, torch.Tensor]:
+    """Convert a checkpoint of the authors' ``BertImage`` (epfml/attention-cnn) to this model's layout.
+
+    Accepts a bare state dict or their checkpoint dict ``{'epoch', 'test_accuracy', 'model_state_dict'}``. Buffers
+    (``R``, ``attention_mask``, ``relative_indices``) are dropped; ``features_upscale`` (a Linear over
+    ``(dy, dx, rgb)`` patches) becomes the 2×2 conv. The learned tables are renamed by the axis they act on (the
+    original ``col_embeddings`` scored row offsets in its ``w·r`` path; spec §2.4, §8.3). State dicts already in this
+    layout pass through unchanged; mismatches are then reported by the strict load with their key names.
+    """
+    if 'model_state_dict' in state_dict:
+        state_dict = state_dict['model_state_dict']
+    if not _original_layout(state_dict):
+        return state_dict
+
+    query_position = model.blocks[0].attn.query_position
+    ckpt_heads = []
+    out = {}
+    for key, value in state_dict.items():
+        if key.endswith(('self.R', 'attention_mask', 'relative_indices')):
+            continue
+        if key.startswith('features_upscale.'):
+            if key.endswith('weight'):
+                dim, patch_dim = value.shape
+                patch = int(round((patch_dim // model.in_chans) ** 0.5))
+                value = value.reshape(dim, patch, patch, model.in_chans).permute(0, 3, 1, 2)
+            out['patch_embed.proj.' + key.split('.')[-1]] = value
+            continue
+        if key.startswith('classifier.'):
+            out['head.' + key.split('.')[-1]] = value
+            continue
+        match = re.match(r'encoder\.layer\.(\d+)\.(.+)$', key)
+        if match is None:
+            raise KeyError(f'unexpected key {key!r} in an original attention-cnn checkpoint')
+        layer, name = match.groups()
+        if name == 'attention.self.value.weight':
+            ckpt_heads.append(value.shape[1] // value.shape[0])
+        out[f'blocks.{layer}.' + _original_layer_key(name, query_position)] = value
+
+    if tuple(ckpt_heads) != tuple(model.num_heads):
+        raise ValueError(
+            f'checkpoint has {tuple(ckpt_heads)} heads per layer but the model has {tuple(model.num_heads)}: '
+            f'create it with num_heads={tuple(ckpt_heads)}')
+    return out
+
+
+_ORIGINAL_LAYER_KEYS = {
+    'attention.self.value': 'attn.proj_heads',
+    'attention.output.dense': 'attn.proj',
+    'attention.output.LayerNorm': 'norm1',
+    'intermediate.dense': 'mlp.fc1',
+    'output.dense': 'mlp.fc2',
+    'output.LayerNorm': 'norm2',
+    'attention.self.attention_centers': 'attn.pos.centers',
+    'attention.self.attention_spreads': 'attn.pos.spreads',
+    'attention.self.query': 'attn.q',
+    'attention.self.key': 'attn.k',
+    # w·r path: `col_embeddings` / `head_keys_col` act on rows (token dim 1), the other pair on columns
+    'attention.self.col_embeddings': 'attn.pos.rows',
+    'attention.self.row_embeddings': 'attn.pos.cols',
+    'attention.self.head_keys_col': 'attn.pos.row_keys',
+    'attention.self.head_keys_row': 'attn.pos.col_keys',
+}
+# q·r path: `row_embeddings` pair with the first half of q along rows (spec §2.8)
+_ORIGINAL_QUERY_POSITION_KEYS = {
+    'attention.self.row_embeddings': 'attn.pos.rows',
+    'attention.self.col_embeddings': 'attn.pos.cols',
+}
+
+
+def _original_layer_key(name: str, query_position: bool) -> str:
+    prefix, _, param = name.rpartition('.')
+    if query_position and prefix in _ORIGINAL_QUERY_POSITION_KEYS:
+        return f'{_ORIGINAL_QUERY_POSITION_KEYS[prefix]}.{param}'
+    if prefix not in _ORIGINAL_LAYER_KEYS:
+        raise KeyError(f'unexpected key {name!r} in a layer of an original attention-cnn checkpoint')
+    return f'{_ORIGINAL_LAYER_KEYS[prefix]}.{param}'
+
+
+def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    out_indices = kwargs.pop('out_indices', kwargs.get('depth', 6))
+    return build_model_with_cfg(
+        SelfAttentionNet,
+        variant,
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        'num_classes': 10, 'input_size': (3, 32, 32), 'pool_size': (16, 16), 'min_input_size': (3, 2, 2),
+        'crop_pct': 1.0, 'interpolation': 'bilinear', 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head', 'license': 'apache-2.0',
+        'paper_ids': 'arXiv:1911.03584',
+        'paper_name': 'On the Relationship between Self-Attention and Convolutional Layers',
+        'origin_url': 'https://github.com/epfml/attention-cnn',
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    'sa_quadratic_cifar': _cfg(notes=('Table 1 "SA quadratic emb.": 12.1M params, CIFAR-10 top-1 93.8%',)),
+    'sa_quadratic_gen_cifar': _cfg(notes=('Table 1 "SA quadratic emb. generalized": 12.1M params',)),
+    'sa_quadratic_gen_pruned_cifar': _cfg(notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',)),
+    'sa_quadratic_16h_cifar': _cfg(notes=('Appendix F: 16 isotropic heads, 18.8M params',)),
+    'sa_learned_cifar': _cfg(notes=('Table 1 "SA learned emb.": 12.3M params',)),
+    'sa_learned_content_cifar': _cfg(notes=('Table 1 "SA learned emb. + content-based att.": 29.5M params',)),
+})
+
+
+@register_model
+def sa_quadratic_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Isotropic quadratic encoding, 6 layers × 9 heads, D=400 (Cordonnier et al. 2020, Table 1)."""
+    model_args = dict(pos_encoding='quadratic')
+    return _create_sa('sa_quadratic_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_quadratic_gen_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Generalized quadratic encoding, ``Σ⁻¹ = S Sᵀ`` per head (Table 1)."""
+    model_args = dict(pos_encoding='quadratic_gen')
+    return _create_sa('sa_quadratic_gen_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_quadratic_gen_pruned_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Generalized quadratic encoding with heads (7, 5, 8, 7, 3, 9) per layer, as after the paper's pruning."""
+    model_args = dict(pos_encoding='quadratic_gen', num_heads=(7, 5, 8, 7, 3, 9))
+    return _create_sa('sa_quadratic_gen_pruned_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_quadratic_16h_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Isotropic quadratic encoding with 16 heads (appendix F)."""
+    model_args = dict(pos_encoding='quadratic', num_heads=16)
+    return _create_sa('sa_quadratic_16h_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_learned_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Learned 2-D relative encoding, positional scores only (Table 1)."""
+    model_args = dict(pos_encoding='learned')
+    return _create_sa('sa_learned_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_learned_content_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Learned 2-D relative encoding + content attention; ``rel_pos_score='query'`` (q·r, default) or ``'head'``."""
+    model_args = dict(pos_encoding='learned', content=True)
+    return _create_sa('sa_learned_content_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
