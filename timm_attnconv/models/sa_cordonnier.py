@@ -326,6 +326,12 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SelfAttentionNet) ->
     return out
 
 
+# parameters without a module of their own
+_ORIGINAL_LAYER_PARAMS = {
+    'attention.self.attention_centers': 'attn.pos.centers',
+    'attention.self.attention_spreads': 'attn.pos.spreads',
+}
+# modules, whose .weight / .bias keep their names
 _ORIGINAL_LAYER_KEYS = {
     'attention.self.value': 'attn.proj_heads',
     'attention.output.dense': 'attn.proj',
@@ -333,8 +339,6 @@ _ORIGINAL_LAYER_KEYS = {
     'intermediate.dense': 'mlp.fc1',
     'output.dense': 'mlp.fc2',
     'output.LayerNorm': 'norm2',
-    'attention.self.attention_centers': 'attn.pos.centers',
-    'attention.self.attention_spreads': 'attn.pos.spreads',
     'attention.self.query': 'attn.q',
     'attention.self.key': 'attn.k',
     # w·r path: `col_embeddings` / `head_keys_col` act on rows (token dim 1), the other pair on columns
@@ -351,6 +355,8 @@ _ORIGINAL_QUERY_POSITION_KEYS = {
 
 
 def _original_layer_key(name: str, query_position: bool) -> str:
+    if name in _ORIGINAL_LAYER_PARAMS:
+        return _ORIGINAL_LAYER_PARAMS[name]
     prefix, _, param = name.rpartition('.')
     if query_position and prefix in _ORIGINAL_QUERY_POSITION_KEYS:
         return f'{_ORIGINAL_QUERY_POSITION_KEYS[prefix]}.{param}'
