@@ -1,17 +1,19 @@
 """Positional attention scores on a 2-D token grid (Cordonnier et al., ICLR 2020, §3 and §4).
 
-Each module here produces the position term of the attention logits for an ``(H, W)`` grid of queries and keys.
-Two kinds exist:
+Each module here produces the position term of the attention logits for an ``(H, W)`` grid of queries and keys,
+behind one interface so that the attention core can take any of them:
 
-* **input-independent** terms (:class:`QuadraticScores`, :class:`LearnedScores`): ``forward(height, width)`` gives
-  ``(heads, H, W, H, W)`` logits shared by the whole batch. When the term is a sum of a row-offset part and a
-  column-offset part, ``separable`` is true and ``axis_logits`` gives the two ``(heads, L, L)`` parts; the softmax
-  then factorises over rows and columns (see :mod:`timm_attnconv.layers.positional_attention`).
-* **query-dependent** terms (:class:`QueryRelativeScores`): ``forward(q)`` gives ``q · r`` logits per sample.
+* ``forward(height, width, q=None)`` → logits ``(1 or B, heads, H, W, H, W)`` for query ``(i, j)``, key ``(k, l)``.
+  Input-independent terms (:class:`QuadraticScores`, :class:`LearnedScores`) ignore ``q`` and return one map for
+  the whole batch; query-dependent terms (:class:`QueryRelativeScores`, ``q · r``) need the ``(B, heads, H, W, C)``
+  queries.
+* ``separable`` is true when the term is input-independent and a sum of a row-offset part and a column-offset part;
+  ``axis_logits(height, width)`` then gives the two ``(heads, L, L)`` parts, and the softmax factorises over rows and
+  columns (see :mod:`timm_attnconv.layers.positional_attention`).
 
 Offsets are ``key - query`` in (row, column) order everywhere, as in the original code (spec §2.3).
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -22,8 +24,8 @@ __all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_a
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``(..., H, H)`` row and ``(..., W, W)`` column logits → dense ``(..., H, W, H, W)`` logits (their sum)."""
-    return rows[..., :, None, :, None] + cols[..., None, :, None, :]
+    """Row logits ``(heads, H, H)`` and column logits ``(heads, W, W)`` → dense ``(1, heads, H, W, H, W)`` (their sum)."""
+    return (rows[:, :, None, :, None] + cols[:, None, :, None, :])[None]
 
 
 class QuadraticScores(nn.Module):
@@ -89,8 +91,8 @@ class QuadraticScores(nn.Module):
         alpha = -0.5 * self.spreads.pow(2)[:, None, None]
         return alpha * rows.pow(2), alpha * cols.pow(2)
 
-    def forward(self, height: int, width: int) -> torch.Tensor:
-        """Dense ``(heads, H, W, H, W)`` logits, ``[h, i, j, k, l]`` for query ``(i, j)`` and key ``(k, l)``."""
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Dense ``(1, heads, H, W, H, W)`` logits; ``q`` is ignored."""
         if self.separable:
             rows, cols = self.axis_logits(height, width)
             return combine_axis_logits(rows, cols)
@@ -99,8 +101,9 @@ class QuadraticScores(nn.Module):
         a, b, c = inv_cov[:, 0, 0, None, None], inv_cov[:, 0, 1, None, None], inv_cov[:, 1, 1, None, None]
         rows = rows[:, :, None, :, None]
         cols = cols[:, None, :, None, :]
-        return -0.5 * (a[..., None, None] * rows.pow(2) + c[..., None, None] * cols.pow(2)
-                       + 2 * b[..., None, None] * rows * cols)
+        logits = -0.5 * (a[..., None, None] * rows.pow(2) + c[..., None, None] * cols.pow(2)
+                         + 2 * b[..., None, None] * rows * cols)
+        return logits[None]
 
 
 class LearnedScores(nn.Module):
@@ -140,7 +143,8 @@ class LearnedScores(nn.Module):
         cols = gather_relative(self.col_keys(self.cols.weight), width, self.resize, 'column-offset table')
         return rows.permute(2, 0, 1), cols.permute(2, 0, 1)
 
-    def forward(self, height: int, width: int) -> torch.Tensor:
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Dense ``(1, heads, H, W, H, W)`` logits; ``q`` is ignored."""
         rows, cols = self.axis_logits(height, width)
         return combine_axis_logits(rows, cols)
 
@@ -152,6 +156,8 @@ class QueryRelativeScores(nn.Module):
     tables are shared by all heads. Returns unscaled logits; the attention core scales them with the content term.
     """
 
+    separable = False
+
     def __init__(self, dim: int, max_grid: int = 16, resize: bool = True, device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
@@ -160,7 +166,13 @@ class QueryRelativeScores(nn.Module):
         self.rows = nn.Embedding(2 * max_grid - 1, self.split, **dd)
         self.cols = nn.Embedding(2 * max_grid - 1, dim - self.split, **dd)
 
-    def forward(self, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``q``: ``(B, heads, H, W, dim)`` → row and column logits ``(B, heads, H, W, H)``, ``(B, heads, H, W, W)``."""
-        return rel_logits_2d(
+    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError('query-relative scores depend on the input and are not separable')
+
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``q``: ``(B, heads, H, W, dim)`` queries → ``(B, heads, H, W, H, W)`` logits."""
+        if q is None:
+            raise ValueError('query-relative scores need the queries q')
+        rows, cols = rel_logits_2d(
             q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)
+        return rows[..., :, None] + cols[..., None, :]

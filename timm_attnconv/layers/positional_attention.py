@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import use_fused_attn
+from timm.layers import register_notrace_module, use_fused_attn
 
 from .position_scores import LearnedScores, QuadraticScores, QueryRelativeScores
 
@@ -38,6 +38,7 @@ def _position_module(position: str, dim: int, num_heads: int, max_grid: int, res
         f"unknown position term {position!r}: use 'quadratic', 'quadratic_gen', 'learned' or 'query_relative'")
 
 
+@register_notrace_module  # grid-size-dependent control flow: a leaf for FX feature extraction
 class PositionalSelfAttention(nn.Module):
     """Multi-head self-attention on an NHWC token grid with full-width heads (Cordonnier et al. 2020, §2 and §4).
 
@@ -111,19 +112,20 @@ class PositionalSelfAttention(nn.Module):
     def _content_qk(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         # (B, N, D) -> q, k of shape (B, heads, N, D)
         batch, num_tokens, dim = tokens.shape
-        q = self.q(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
-        k = self.k(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
-        return q, k
+        if self.q is not None and self.k is not None:  # a constant for TorchScript, which then skips the branch
+            q = self.q(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
+            k = self.k(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
+            return q, k
+        raise RuntimeError('this attention layer has no content term (content=False)')
 
     def _position_bias(self, q: Optional[torch.Tensor], height: int, width: int) -> torch.Tensor:
         # position logits (1 or B, heads, N, N); q·r terms are scaled like the content term they join
         num_tokens = height * width
-        if self.query_position:
-            assert q is not None
-            rows, cols = self.pos(q.reshape(q.shape[0], self.num_heads, height, width, self.dim))
-            bias = rows[..., :, None] + cols[..., None, :]
-            return bias.reshape(q.shape[0], self.num_heads, num_tokens, num_tokens) * self.scale
-        return self.pos(height, width).reshape(1, self.num_heads, num_tokens, num_tokens)
+        if self.query_position and q is not None:
+            q = q.reshape(q.shape[0], self.num_heads, height, width, self.dim)
+            bias = self.pos(height, width, q)
+            return bias.reshape(-1, self.num_heads, num_tokens, num_tokens) * self.scale
+        return self.pos(height, width).reshape(-1, self.num_heads, num_tokens, num_tokens)
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-softmax logits ``(1 or B, heads, H·W, H·W)`` for NHWC input ``x``."""

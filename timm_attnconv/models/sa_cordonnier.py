@@ -48,12 +48,12 @@ def check_image_batch(x: torch.Tensor, in_chans: int, patch_size: int) -> None:
     ``H``, ``W`` positive multiples of ``patch_size``."""
     expected = f'a float tensor of shape (batch, {in_chans}, H, W) with H and W multiples of {patch_size}'
     if x.dim() != 4:
-        raise ValueError(f'expected {expected}; got {x.dim()} dimensions, shape {tuple(x.shape)}')
+        raise ValueError(f'expected {expected}; got {x.dim()} dimensions, shape {list(x.shape)}')
     if not x.is_floating_point():
         raise ValueError(f'expected {expected}; got dtype {x.dtype} (convert images with .float() and normalise)')
     if x.shape[1] != in_chans:
         raise ValueError(
-            f'expected {expected}; got {x.shape[1]} channels, shape {tuple(x.shape)} '
+            f'expected {expected}; got {x.shape[1]} channels, shape {list(x.shape)} '
             f'(create the model with in_chans={x.shape[1]} to change the input channels)')
     height, width = x.shape[-2], x.shape[-1]
     if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
@@ -182,7 +182,7 @@ class SelfAttentionNet(nn.Module):
             for i in range(depth)])
         self.feature_info = [
             dict(num_chs=embed_dim, reduction=patch_size, module=f'blocks.{i}') for i in range(depth)]
-        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
 
@@ -206,7 +206,7 @@ class SelfAttentionNet(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
-            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=True)
+            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
         device, dtype = self.patch_embed.proj.weight.device, self.patch_embed.proj.weight.dtype
         self.head = nn.Linear(self.embed_dim, num_classes, device=device, dtype=dtype) \
             if num_classes > 0 else nn.Identity()
