@@ -1,0 +1,170 @@
+"""Parameter and FLOP counting with fvcore, with exact handles for the ops fvcore gets wrong or misses.
+
+fvcore counts one multiply-add as one "flop" (MACs). Out of the box it reports 0 for
+``F.scaled_dot_product_attention``, approximates most einsum equations through ``np.einsum_path`` and undercounts
+broadcast ``matmul`` (it ignores the batch dimensions of the second operand). The handles below count all three
+exactly; softmax, GELU and element-wise ops are not counted (fvcore's convention, and the papers').
+
+Usage::
+
+    python -m timm_attnconv.flops sa_quadratic_cifar sa_learned_cifar --img-size 32
+"""
+import argparse
+import logging
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = ['count_macs', 'model_report', 'EXACT_HANDLES']
+
+
+def _shape(value) -> Optional[List[int]]:
+    from fvcore.nn.jit_handles import get_shape
+    return get_shape(value)
+
+
+def _broadcast_batch(a: Sequence[int], b: Sequence[int]) -> int:
+    return math.prod(torch.broadcast_shapes(tuple(a), tuple(b)))
+
+
+def einsum_macs(inputs: List[Any], outputs: List[Any]) -> int:
+    """Exact MACs of a two-operand ``einsum``: the product of the sizes of all its index letters."""
+    equation = inputs[0].toIValue().replace(' ', '')
+    operand_shapes = [_shape(v) for v in inputs[1].node().inputs()]
+    lhs = equation.split('->')[0].split(',')
+    if len(lhs) == 1:
+        return 0  # a permutation or reduction of one operand: no multiply-adds
+    if len(lhs) != 2 or '.' in equation:
+        raise NotImplementedError(f'einsum {equation!r}: only two-operand equations without ellipsis are counted')
+    sizes: Dict[str, int] = {}
+    for letters, shape in zip(lhs, operand_shapes):
+        for letter, size in zip(letters, shape):
+            sizes[letter] = max(sizes.get(letter, 1), size)
+    return math.prod(sizes.values())
+
+
+def matmul_macs(inputs: List[Any], outputs: List[Any]) -> int:
+    """Exact MACs of ``matmul`` / ``mm`` / ``bmm`` with broadcasting and 1-D operands."""
+    a, b = _shape(inputs[0]), _shape(inputs[1])
+    a = [1] + a if len(a) == 1 else a
+    b = b + [1] if len(b) == 1 else b
+    return _broadcast_batch(a[:-2], b[:-2]) * a[-2] * a[-1] * b[-1]
+
+
+def sdpa_macs(inputs: List[Any], outputs: List[Any]) -> int:
+    """MACs of ``scaled_dot_product_attention``: ``q kᵀ`` plus ``probs v``."""
+    q, k, v = _shape(inputs[0]), _shape(inputs[1]), _shape(inputs[2])
+    batch = _broadcast_batch(q[:-2], k[:-2])
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+EXACT_HANDLES = {
+    'aten::einsum': einsum_macs,
+    'aten::matmul': matmul_macs,
+    'aten::mm': matmul_macs,
+    'aten::bmm': matmul_macs,
+    'aten::scaled_dot_product_attention': sdpa_macs,
+}
+# element-wise and normalisation-internal ops: not multiply-adds of the model's matrices (fvcore's own convention)
+IGNORED_OPS = (
+    'aten::softmax', 'aten::gelu', 'aten::add', 'aten::add_', 'aten::mul', 'aten::mul_', 'aten::sub', 'aten::rsub',
+    'aten::pow', 'aten::mean', 'aten::div', 'aten::neg', 'aten::exp', 'aten::sum', 'aten::linspace',
+    'aten::zeros', 'aten::eye', 'aten::upsample_linear1d', 'aten::expand_as', 'aten::index', 'aten::scatter_',
+)
+
+
+def count_macs(model: nn.Module, inputs: torch.Tensor, by_operator: bool = False):
+    """MACs of ``model(inputs)`` as fvcore counts them with :data:`EXACT_HANDLES` (total, or a dict by operator)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)  # fvcore scripts functions at import (deprecated in torch)
+        from fvcore.nn import FlopCountAnalysis
+
+    analysis = FlopCountAnalysis(model, inputs)
+    analysis.set_op_handle(**EXACT_HANDLES)
+    analysis.set_op_handle(**{op: None for op in IGNORED_OPS})
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings('none')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        logging.getLogger('fvcore').setLevel(logging.ERROR)
+        if by_operator:
+            return dict(analysis.by_operator())
+        return int(analysis.total())
+
+
+def _paper_counted_macs(model: nn.Module, inputs: torch.Tensor) -> int:
+    """MACs of the layers the paper's counter (thop 0.0.31) saw: ``nn.Linear`` layers and the 2×2 stem (a Linear in
+    the original code). Attention einsums were invisible to it."""
+    total = 0
+
+    def hook(module, args, output):
+        nonlocal total
+        fan_in = module.in_features if isinstance(module, nn.Linear) else module.weight[0].numel()
+        total += output.numel() * fan_in
+
+    counted = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
+    handles = [m.register_forward_hook(hook) for m in counted]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return total
+
+
+def _set_attn_path(model: nn.Module, attn_path: str) -> None:
+    for module in model.modules():
+        if hasattr(module, 'attn_path'):
+            module.attn_path = attn_path
+
+
+def model_report(name: str, img_size: int = 32, **kwargs) -> Dict[str, Any]:
+    """Params and MACs of a registered model for one ``img_size``×``img_size`` image.
+
+    Returns a dict with ``params``; ``macs``, the fvcore count (exact handles) of the path the model runs by default;
+    ``macs_original``, the same for the original algorithm (every attention layer forced to ``attn_path='dense'``);
+    ``paper_gflops``, 2 × the MACs of the Linear layers and the stem, the convention of the Cordonnier et al. FLOP
+    column, which leaves attention out. FLOPs in the papers' sense are 2 × MACs.
+    """
+    import timm
+    import timm_attnconv  # noqa: F401  (registration)
+
+    model = timm.create_model(name, **kwargs).eval()
+    in_chans = model.pretrained_cfg['input_size'][0]
+    x = torch.randn(1, in_chans, img_size, img_size)
+    report = dict(name=name, img_size=img_size, params=sum(p.numel() for p in model.parameters()),
+                  macs=count_macs(model, x))
+    _set_attn_path(model, 'dense')
+    report.update(macs_original=count_macs(model, x), paper_gflops=2 * _paper_counted_macs(model, x) / 1e9)
+    return report
+
+
+def _format_table(rows: List[Dict[str, Any]]) -> str:
+    header = (f"{'model':32s} {'img':>4s} {'params':>12s} {'GMACs':>7s} {'GMACs original':>15s} "
+              f"{'GFLOPs (2×MAC)':>15s} {'paper-style GFLOPs':>19s}")
+    lines = [header, '-' * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['name']:32s} {r['img_size']:4d} {r['params']:12,d} {r['macs'] / 1e9:7.3f} "
+            f"{r['macs_original'] / 1e9:15.3f} {2 * r['macs'] / 1e9:15.3f} {r['paper_gflops']:19.3f}")
+    return '\n'.join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import timm_attnconv
+    parser = argparse.ArgumentParser(
+        description='Params and MACs (fvcore with exact attention handles) of timm_attnconv models. "GMACs" is the '
+                    'path the model runs, "original" the dense algorithm of the paper code, "paper-style" '
+                    '2 × MACs of Linear layers and stem only, as in the Cordonnier et al. FLOP column.')
+    parser.add_argument('models', nargs='*', help='model names (default: all registered)')
+    parser.add_argument('--img-size', type=int, default=32)
+    args = parser.parse_args(argv)
+    names = args.models or timm_attnconv.list_models()
+    print(_format_table([model_report(n, args.img_size) for n in names]))
+
+
+if __name__ == '__main__':
+    main()
