@@ -145,14 +145,14 @@ class PositionalSelfAttention(nn.Module):
         batch, height, width, dim = x.shape
         rows, cols = self.pos.axis_logits(height, width)
         rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
-        weight = self.proj_heads.weight
+        weight, bias = self.proj_heads.weight, self.proj_heads.bias
         by_rows = x.reshape(batch * height, width, dim)
-        out = torch.zeros(1, dtype=x.dtype, device=x.device)
+        out = bias.to(x.dtype).expand(batch * height * width, bias.shape[0])
         for head in range(self.num_heads):
             y = torch.matmul(cols[head], by_rows).reshape(batch, height, width * dim)  # mix key columns
-            y = torch.matmul(rows[head], y).reshape(batch, height, width, dim)  # mix key rows
-            out = out + F.linear(y, weight[:, head * dim:(head + 1) * dim])
-        return out + self.proj_heads.bias
+            y = torch.matmul(rows[head], y).reshape(batch * height * width, dim)  # mix key rows
+            out = torch.addmm(out, y, weight[:, head * dim:(head + 1) * dim].t())  # this head's value map, summed
+        return out.reshape(batch, height, width, -1)
 
     def _attend_dense(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, dim = x.shape

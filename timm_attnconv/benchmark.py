@@ -1,0 +1,193 @@
+"""Side-by-side speed and memory of the original attention algorithm and this package's exact fast path.
+
+For every model and input size, in one process on one machine:
+
+* **original**: ``attn_path='dense'`` — full ``(HW)²`` probability maps per head and one einsum over all heads, then
+  the per-head value map and the output projection as two layers (the algorithm of the authors' code);
+* **fast**: the default ``attn_path='auto'`` (separable where exact) with ``proj ∘ proj_heads`` folded by
+  ``timm.models.reparameterize_model``.
+
+Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
+and the ratios. Run::
+
+    python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
+    python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
+
+With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
+test images.
+"""
+import argparse
+import os
+import threading
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+__all__ = ['compare_paths', 'main']
+
+DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
+ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) per quadratic layer in the original
+
+
+class _PeakMemory:
+    """Peak memory of a block above its start: CUDA allocator statistics, or sampled process RSS on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_mb = float('nan')
+
+    @staticmethod
+    def _rss() -> int:
+        with open('/proc/self/statm') as f:
+            return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+    @contextmanager
+    def measure(self) -> Iterator['_PeakMemory']:
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            start = torch.cuda.memory_allocated(self.device)
+            yield self
+            torch.cuda.synchronize(self.device)
+            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - start) / 2 ** 20
+            return
+        if not os.path.exists('/proc/self/statm'):
+            yield self
+            return
+        start, peak, done = self._rss(), [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], self._rss())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            yield self
+        finally:
+            done.set()
+            sampler.join()
+            self.peak_mb = max(0, max(peak[0], self._rss()) - start) / 2 ** 20
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def _run(model: nn.Module, x: torch.Tensor, iters: int) -> Dict[str, object]:
+    model(x)  # warm-up (and the result whose memory we do not count)
+    memory = _PeakMemory(x.device)
+    with memory.measure():
+        out = model(x)
+    _sync(x.device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        model(x)
+    _sync(x.device)
+    seconds = (time.perf_counter() - start) / iters
+    return dict(logits=out.float().cpu(), img_s=x.shape[0] / seconds, peak_mb=memory.peak_mb)
+
+
+def _set_attn_path(model: nn.Module, attn_path: str) -> None:
+    for module in model.modules():
+        if hasattr(module, 'attn_path'):
+            module.attn_path = attn_path
+
+
+def compare_paths(name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu') -> Dict[str, object]:
+    """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring."""
+    import timm
+    from timm.models import reparameterize_model
+    import timm_attnconv  # noqa: F401
+
+    dev = torch.device(device)
+    original = timm.create_model(name).eval().to(dev)
+    _set_attn_path(original, 'dense')
+    fast = timm.create_model(name).eval().to(dev)
+    fast.load_state_dict(original.state_dict())
+    fast = reparameterize_model(fast, inplace=True)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    ref = _run(original, x, iters)
+    new = _run(fast, x, iters)
+    position_buffers = sum(b.numel() * b.element_size() for b in fast.buffers())
+    return dict(
+        name=name, img_size=img_size, batch=batch_size,
+        original_img_s=ref['img_s'], fast_img_s=new['img_s'], speedup=new['img_s'] / ref['img_s'],
+        original_peak_mb=ref['peak_mb'], fast_peak_mb=new['peak_mb'],
+        memory_ratio=ref['peak_mb'] / max(new['peak_mb'], 1e-6),
+        max_abs_diff=(ref['logits'] - new['logits']).abs().max().item(),
+        buffer_bytes=position_buffers,
+    )
+
+
+def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
+    """Share of real CIFAR-10 test images whose top-1 class is the same under bf16 autocast as in fp32."""
+    import numpy as np
+    import timm
+    import timm_attnconv  # noqa: F401
+
+    data = np.load(os.path.join(data_dir, 'test.npz'), allow_pickle=False)
+    pretrained = timm.models.is_model_pretrained(name)
+    model = timm.create_model(name, pretrained=pretrained).eval().to(device)
+    cfg = model.pretrained_cfg
+    x = torch.from_numpy(data['x'][:num_images]).permute(0, 3, 1, 2).float().div(255)
+    x = ((x - torch.tensor(cfg['mean'])[:, None, None]) / torch.tensor(cfg['std'])[:, None, None]).to(device)
+    with torch.no_grad():
+        ref = model(x).argmax(-1)
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            low = model(x).argmax(-1)
+    return dict(name=name, images=num_images, pretrained=pretrained, agreement=(ref == low).float().mean().item())
+
+
+def _print_row(r: Dict[str, object]) -> None:
+    print(f"{r['name']:30s} {r['img_size']:4d} {r['batch']:5d} {r['original_img_s']:9.2f} {r['fast_img_s']:9.2f} "
+          f"{r['speedup']:7.2f}x {r['original_peak_mb']:9.1f} {r['fast_peak_mb']:9.1f} {r['memory_ratio']:7.2f}x "
+          f"{r['max_abs_diff']:10.2e} {r['buffer_bytes']:8d}", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
+    import timm_attnconv
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--models', nargs='*', default=None, help='default: every model of the SA family')
+    parser.add_argument('--sizes', nargs='*', type=int, default=[32, 64, 96])
+    parser.add_argument('--batch-size', type=int, default=None, help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
+    parser.add_argument('--iters', type=int, default=2)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--threads', type=int, default=None, help='torch CPU threads (default: torch default)')
+    parser.add_argument('--data-dir', default=os.path.join('..', 'shared', 'data', 'cifar10'),
+                        help='CIFAR-10 npz folder for the bf16 check (skipped if absent)')
+    parser.add_argument('--bf16-model', default='sa_quadratic_cifar', help='model for the bf16 check ("" to skip)')
+    parser.add_argument('--bf16-images', type=int, default=128,
+                        help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.models or timm_attnconv.list_models(filter='sa_*')
+    print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
+    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "
+          f"{'orig MB':>9s} {'fast MB':>9s} {'memory':>8s} {'max|Δlogit|':>10s} {'buffers':>8s}")
+    rows = []
+    for name in names:
+        for size in args.sizes:
+            batch = args.batch_size or DEFAULT_BATCH.get(size, max(1, 64 * 32 * 32 // (size * size)))
+            row = compare_paths(name, size, batch, args.iters, args.device)
+            _print_row(row)
+            rows.append(row)
+    print(f'Original code also holds a {ORIGINAL_R_BUFFER_MB:.0f} MB position buffer per quadratic layer; '
+          f'"buffers" is what the fast model holds, in bytes.')
+    if args.bf16_model and os.path.exists(os.path.join(args.data_dir, 'test.npz')):
+        r = bf16_top1_agreement(args.bf16_model, args.data_dir, args.bf16_images, device=args.device)
+        weights = 'pretrained' if r['pretrained'] else 'random-init, no weights yet'
+        print(f"bf16 autocast vs fp32 top-1 agreement, {r['name']} ({weights}), {r['images']} CIFAR-10 test "
+              f"images: {100 * r['agreement']:.1f}%")
+    return rows
+
+
+if __name__ == '__main__':
+    main()
