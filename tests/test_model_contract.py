@@ -152,3 +152,12 @@ def test_optimizer_groups(name, layer_decay):
         assert (decay[id(param)] == 0) == exempt, param_name
     if layer_decay:
         assert len({g['lr_scale'] for g in groups}) == len(model.blocks) + 2  # stem, each block, head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_content_cifar'])
+def test_torch_compile_needs_no_changes(name):
+    model = timm.create_model(name, **NARROW).eval()
+    x = _input(model)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)

@@ -5,6 +5,7 @@ import timm
 import torch
 
 import timm_attnconv
+from timm_attnconv.layers import set_attn_path
 from timm_attnconv.models.sa_cordonnier import checkpoint_filter_fn
 
 from . import original_bertimage as original
@@ -24,8 +25,11 @@ def num_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
+TINY = {'sa_quadratic_tiny_cifar', 'sa_learned_tiny_cifar', 'sa_learned_content_tiny_cifar'}
+
+
 def test_registered_names_are_exactly_the_family():
-    assert set(timm.list_models(module='sa_cordonnier')) == set(PAPER_PARAMS)
+    assert set(timm.list_models(module='sa_cordonnier')) == set(PAPER_PARAMS) | TINY
     assert set(timm_attnconv.list_models()) >= set(PAPER_PARAMS)
 
 
@@ -80,8 +84,7 @@ def test_original_checkpoint_gives_original_logits(tmp_path, name, variant, kwar
     with torch.no_grad():
         expected = original.forward(sd, x, variant)
         for path_name in ('dense', 'auto'):
-            for blk in model.blocks:
-                blk.attn.attn_path = path_name
+            set_attn_path(model, path_name)
             torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)
 
 
@@ -135,8 +138,7 @@ def test_separable_path_equals_dense_path(name, size):
     with torch.no_grad():
         outputs = {}
         for path_name in ('dense', 'separable'):
-            for blk in model.blocks:
-                blk.attn.attn_path = path_name
+            set_attn_path(model, path_name)
             outputs[path_name] = model(x)
     torch.testing.assert_close(outputs['separable'], outputs['dense'], rtol=0, atol=2e-5)
 

@@ -5,19 +5,20 @@ logits shape and the time of one forward pass on a batch of 8 images at the mode
 """
 import argparse
 import time
+from typing import Optional, Sequence
 
 import torch
 from tqdm import tqdm
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     import timm
     import timm_attnconv
     from timm_attnconv.flops import model_report
 
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('models', nargs='*', help='model names (default: all registered)')
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     names = args.models or timm_attnconv.list_models()
 
     rows = []

@@ -8,7 +8,7 @@ For every model and input size, in one process on one machine:
   ``timm.models.reparameterize_model``.
 
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
-and the ratios. Run::
+and the ratios (memory: peak tensor allocations of one forward pass). Run::
 
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
@@ -17,8 +17,9 @@ With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keep
 test images.
 """
 import argparse
+import json
 import os
-import threading
+import tempfile
 import time
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -26,52 +27,53 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from .layers import set_attn_path
+
 __all__ = ['compare_paths', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) per quadratic layer in the original
 
 
-class _PeakMemory:
-    """Peak memory of a block above its start: CUDA allocator statistics, or sampled process RSS on CPU."""
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    # the profiler's C++ side logs start/stop lines to fd 2, through the printed table
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.peak_mb = float('nan')
 
-    @staticmethod
-    def _rss() -> int:
-        with open('/proc/self/statm') as f:
-            return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+@contextmanager
+def peak_memory_mb(device: torch.device) -> Iterator[List[float]]:
+    """Peak tensor memory allocated inside the block, in MiB (yields a one-element list filled on exit).
 
-    @contextmanager
-    def measure(self) -> Iterator['_PeakMemory']:
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            start = torch.cuda.memory_allocated(self.device)
-            yield self
-            torch.cuda.synchronize(self.device)
-            self.peak_mb = (torch.cuda.max_memory_allocated(self.device) - start) / 2 ** 20
-            return
-        if not os.path.exists('/proc/self/statm'):
-            yield self
-            return
-        start, peak, done = self._rss(), [0], threading.Event()
-
-        def sample():
-            while not done.is_set():
-                peak[0] = max(peak[0], self._rss())
-                time.sleep(0.002)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            yield self
-        finally:
-            done.set()
-            sampler.join()
-            self.peak_mb = max(0, max(peak[0], self._rss()) - start) / 2 ** 20
+    CUDA: the caching allocator's peak statistics. CPU: the running total of the CPU allocator's allocations recorded
+    by ``torch.profiler`` with ``profile_memory=True`` (process RSS would hide reused, already-freed pages).
+    """
+    result = [float('nan')]
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result[0] = (torch.cuda.max_memory_allocated(device) - start) / 2 ** 20
+        return
+    with _native_stderr_silenced(), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield result
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, 'trace.json')
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f)['traceEvents']
+    totals = [e['args']['Total Allocated'] for e in events if e.get('name') == '[memory]']
+    result[0] = max(totals, default=0) / 2 ** 20
 
 
 def _sync(device: torch.device) -> None:
@@ -81,9 +83,8 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def _run(model: nn.Module, x: torch.Tensor, iters: int) -> Dict[str, object]:
-    model(x)  # warm-up (and the result whose memory we do not count)
-    memory = _PeakMemory(x.device)
-    with memory.measure():
+    model(x)  # warm-up
+    with peak_memory_mb(x.device) as peak_mb:
         out = model(x)
     _sync(x.device)
     start = time.perf_counter()
@@ -91,25 +92,21 @@ def _run(model: nn.Module, x: torch.Tensor, iters: int) -> Dict[str, object]:
         model(x)
     _sync(x.device)
     seconds = (time.perf_counter() - start) / iters
-    return dict(logits=out.float().cpu(), img_s=x.shape[0] / seconds, peak_mb=memory.peak_mb)
+    return dict(logits=out.float().cpu(), img_s=x.shape[0] / seconds, peak_mb=peak_mb[0])
 
 
-def _set_attn_path(model: nn.Module, attn_path: str) -> None:
-    for module in model.modules():
-        if hasattr(module, 'attn_path'):
-            module.attn_path = attn_path
-
-
-def compare_paths(name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu') -> Dict[str, object]:
+def compare_paths(
+        name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu', **model_kwargs,
+) -> Dict[str, object]:
     """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring."""
     import timm
     from timm.models import reparameterize_model
     import timm_attnconv  # noqa: F401
 
     dev = torch.device(device)
-    original = timm.create_model(name).eval().to(dev)
-    _set_attn_path(original, 'dense')
-    fast = timm.create_model(name).eval().to(dev)
+    original = timm.create_model(name, **model_kwargs).eval().to(dev)
+    set_attn_path(original, 'dense')
+    fast = timm.create_model(name, **model_kwargs).eval().to(dev)
     fast.load_state_dict(original.state_dict())
     fast = reparameterize_model(fast, inplace=True)
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
@@ -154,7 +151,7 @@ def _print_row(r: Dict[str, object]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     import timm_attnconv
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', nargs='*', default=None, help='default: every model of the SA family')
+    parser.add_argument('--models', nargs='*', default=None, help='default: every paper-size model of the SA family')
     parser.add_argument('--sizes', nargs='*', type=int, default=[32, 64, 96])
     parser.add_argument('--batch-size', type=int, default=None, help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
     parser.add_argument('--iters', type=int, default=2)
@@ -168,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = args.models or timm_attnconv.list_models(filter='sa_*')
+    names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]
     print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
     print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "
           f"{'orig MB':>9s} {'fast MB':>9s} {'memory':>8s} {'max|Δlogit|':>10s} {'buffers':>8s}")

@@ -18,6 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .layers import set_attn_path
+
 __all__ = ['count_macs', 'model_report', 'EXACT_HANDLES']
 
 
@@ -115,12 +117,6 @@ def _paper_counted_macs(model: nn.Module, inputs: torch.Tensor) -> int:
     return total
 
 
-def _set_attn_path(model: nn.Module, attn_path: str) -> None:
-    for module in model.modules():
-        if hasattr(module, 'attn_path'):
-            module.attn_path = attn_path
-
-
 def model_report(name: str, img_size: int = 32, **kwargs) -> Dict[str, Any]:
     """Params and MACs of a registered model for one ``img_size``×``img_size`` image.
 
@@ -137,7 +133,7 @@ def model_report(name: str, img_size: int = 32, **kwargs) -> Dict[str, Any]:
     x = torch.randn(1, in_chans, img_size, img_size)
     report = dict(name=name, img_size=img_size, params=sum(p.numel() for p in model.parameters()),
                   macs=count_macs(model, x))
-    _set_attn_path(model, 'dense')
+    set_attn_path(model, 'dense')
     report.update(macs_original=count_macs(model, x), paper_gflops=2 * _paper_counted_macs(model, x) / 1e9)
     return report
 

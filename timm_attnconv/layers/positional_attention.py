@@ -21,9 +21,10 @@ from timm.layers import register_notrace_module, use_fused_attn
 
 from .position_scores import LearnedScores, QuadraticScores, QueryRelativeScores
 
-__all__ = ['PositionalSelfAttention', 'ATTN_PATHS']
+__all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'set_attn_path']
 
 ATTN_PATHS = ('auto', 'dense', 'separable')
+
 
 def _position_module(position: str, dim: int, num_heads: int, max_grid: int, resize_tables: bool, dd: dict):
     if position == 'quadratic':
@@ -86,7 +87,7 @@ class PositionalSelfAttention(nn.Module):
         self.query_position = position == 'query_relative'
         self.scale = dim ** -0.5
         self.pos = _position_module(position, dim, num_heads, max_grid, resize_tables, dd)
-        self.separable = (not content) and bool(getattr(self.pos, 'separable', False))
+        self.separable = (not content) and self.pos.separable
         if attn_path == 'separable' and not self.separable:
             raise ValueError(
                 f"attn_path='separable' needs an input-independent row+column position term; position={position!r}"
@@ -196,3 +197,14 @@ class PositionalSelfAttention(nn.Module):
         self.proj_heads = fused
         self.proj = nn.Identity()
         return self
+
+
+def set_attn_path(model: nn.Module, attn_path: str) -> nn.Module:
+    """Switch every :class:`PositionalSelfAttention` of ``model`` to ``attn_path``; ``'separable'`` only where exact
+    (other layers take ``'auto'``, which is ``'dense'`` for them). Returns ``model``."""
+    if attn_path not in ATTN_PATHS:
+        raise ValueError(f'attn_path must be one of {ATTN_PATHS}, got {attn_path!r}')
+    for module in model.modules():
+        if isinstance(module, PositionalSelfAttention):
+            module.attn_path = 'auto' if attn_path == 'separable' and not module.separable else attn_path
+    return model

@@ -1,0 +1,61 @@
+"""CIFAR-10 loading, batch augmentation and the reproducible batch order."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from timm_attnconv.data import EpochBatches, load_cifar10, normalize, random_crop_flip
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'cifar10')
+needs_data = pytest.mark.skipif(not os.path.isfile(os.path.join(DATA_DIR, 'test.npz')),
+                                reason='CIFAR-10 not found at ../shared/data/cifar10')
+
+
+@needs_data
+def test_loads_the_official_test_split():
+    images, labels = load_cifar10(DATA_DIR, 'test')
+    assert images.shape == (10000, 3, 32, 32) and images.dtype == torch.uint8
+    assert labels[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]  # published first test labels
+    assert torch.bincount(labels).tolist() == [1000] * 10
+
+
+def test_missing_and_corrupt_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match='test.npz'):
+        load_cifar10(str(tmp_path), 'test')
+    (tmp_path / 'test.npz').write_bytes(b'not a zip file')
+    with pytest.raises(ValueError, match='test.npz'):
+        load_cifar10(str(tmp_path), 'test')
+    np.savez(tmp_path / 'test.npz', x=np.zeros((10, 32, 32, 3), np.uint8), y=np.zeros(10, np.int64))
+    with pytest.raises(ValueError, match='truncated or not CIFAR-10'):
+        load_cifar10(str(tmp_path), 'test')
+
+
+def test_crop_flip_matches_per_image_transforms():
+    images = torch.randint(0, 256, (6, 3, 8, 10), dtype=torch.uint8)
+    out = random_crop_flip(images, torch.Generator().manual_seed(3), padding=2)
+    draws = torch.Generator().manual_seed(3)
+    top = torch.randint(0, 5, (6,), generator=draws)
+    left = torch.randint(0, 5, (6,), generator=draws)
+    flip = torch.rand(6, generator=draws) < 0.5
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2))
+    for b in range(6):
+        crop = padded[b, :, top[b]:top[b] + 8, left[b]:left[b] + 10]
+        assert torch.equal(out[b], crop.flip(-1) if flip[b] else crop)
+
+
+def test_batches_are_fixed_by_seed_epoch_and_step():
+    images = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.arange(50)
+    full = list(EpochBatches(images, labels, 8, seed=1, epoch=2).iterate())
+    resumed = list(EpochBatches(images, labels, 8, seed=1, epoch=2).iterate(start_step=3))
+    assert len(full) == 6 and len(resumed) == 3
+    for (xa, ya), (xb, yb) in zip(full[3:], resumed):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    other_epoch = next(EpochBatches(images, labels, 8, seed=1, epoch=3).iterate())
+    assert not torch.equal(other_epoch[1], full[0][1])
+
+
+def test_normalize():
+    x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
+    torch.testing.assert_close(normalize(x, (0.5, 0.5, 0.5), (0.5, 0.25, 1.0))[0, :, 0, 0], torch.tensor([1., 2., .5]))

@@ -1,0 +1,132 @@
+"""CIFAR-10 as tensors: decoded once, augmented in batch, in an order that a seed and a step number reproduce.
+
+Two on-disk forms are read:
+
+* the project's ``train.npz`` / ``test.npz`` (arrays ``x`` uint8 NHWC RGB and ``y`` int64, no pickles), and
+* torchvision's ``cifar-10-batches-py`` folder (read by ``torchvision.datasets.CIFAR10``, which checks its MD5s).
+
+A 2-core machine cannot afford per-image Python transforms: the whole split lives in one uint8 tensor and each batch
+is cropped (zero padding 4, as ``RandomCrop(32, padding=4)``) and flipped with tensor indexing.
+"""
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ['CIFAR10_CLASSES', 'load_cifar10', 'normalize', 'random_crop_flip', 'EpochBatches']
+
+CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
+SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
+
+
+def _default_data_dir() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(here), '..', 'shared', 'data', 'cifar10')
+
+
+def load_cifar10(data_dir: Optional[str] = None, split: str = 'train') -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(images, labels)``: uint8 ``(N, 3, 32, 32)`` RGB and int64 ``(N,)`` in the official order.
+
+    ``data_dir`` holds ``train.npz`` / ``test.npz``, or is (or contains) torchvision's ``cifar-10-batches-py``.
+    Defaults to ``../shared/data/cifar10`` beside a source checkout. Missing or malformed files raise
+    ``FileNotFoundError`` / ``ValueError`` naming the file and what was expected.
+    """
+    if split not in SPLIT_SIZES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    data_dir = os.path.normpath(data_dir or _default_data_dir())
+    npz = os.path.join(data_dir, f'{split}.npz')
+    if os.path.isfile(npz):
+        images, labels = _read_npz(npz)
+    elif _torchvision_root(data_dir) is not None:
+        images, labels = _read_torchvision(_torchvision_root(data_dir), split)
+    else:
+        raise FileNotFoundError(
+            f'no CIFAR-10 {split} data in {data_dir!r}: expected {split}.npz (arrays x uint8 (N,32,32,3), y int64) '
+            f'or torchvision\'s cifar-10-batches-py folder; pass --data-dir pointing at one of them')
+    expected = SPLIT_SIZES[split]
+    if images.shape != (expected, 32, 32, 3) or images.dtype != np.uint8:
+        raise ValueError(f'{split} images in {data_dir!r} have shape {images.shape} dtype {images.dtype}; '
+                         f'expected ({expected}, 32, 32, 3) uint8: the file is truncated or not CIFAR-10')
+    if labels.shape != (expected,) or labels.min() < 0 or labels.max() > 9:
+        raise ValueError(f'{split} labels in {data_dir!r} are not {expected} classes in 0..9: the file is corrupt')
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.astype(np.int64))
+
+
+def _read_npz(path: str) -> Tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return data['x'], data['y']
+    except (OSError, ValueError, KeyError, EOFError) as e:  # zip errors surface as OSError / ValueError
+        raise ValueError(f'cannot read {path!r} as a CIFAR-10 npz (arrays x and y): {e}; re-copy the file') from e
+
+
+def _torchvision_root(data_dir: str) -> Optional[str]:
+    if os.path.basename(data_dir) == 'cifar-10-batches-py':
+        return os.path.dirname(data_dir)
+    if os.path.isdir(os.path.join(data_dir, 'cifar-10-batches-py')):
+        return data_dir
+    return None
+
+
+def _read_torchvision(root: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
+    from torchvision.datasets import CIFAR10
+    try:
+        dataset = CIFAR10(root, train=split == 'train', download=False)
+    except RuntimeError as e:  # torchvision's message for missing or corrupt files
+        raise ValueError(f'torchvision CIFAR-10 in {root!r}: {e}') from e
+    return dataset.data, np.asarray(dataset.targets)
+
+
+def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 ``(B, 3, H, W)`` → float32, scaled to [0, 1] then standardised per channel."""
+    mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    return (images.float().div_(255) - mean_t) / std_t
+
+
+def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Batch ``RandomCrop(size, padding)`` with zero padding + ``RandomHorizontalFlip()`` on uint8 ``(B, C, H, W)``."""
+    batch, _, height, width = images.shape
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    top = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
+    flip = torch.rand(batch, generator=generator) < 0.5
+    rows = top[:, None] + torch.arange(height)  # (B, H)
+    cols = left[:, None] + torch.arange(width)  # (B, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    index_b = torch.arange(batch)[:, None, None, None]
+    index_c = torch.arange(images.shape[1])[None, :, None, None]
+    return padded[index_b, index_c, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+@dataclass
+class EpochBatches:
+    """Shuffled mini-batches of one epoch, fixed by ``(seed, epoch)``, resumable at any step.
+
+    The permutation and the augmentation draws come from generators seeded with ``seed`` and ``epoch``, so batch ``k`` of
+    epoch ``e`` is the same whether the run started at step 0 or resumed at step ``k``.
+    """
+    images: torch.Tensor
+    labels: torch.Tensor
+    batch_size: int
+    seed: int
+    epoch: int
+    augment: bool = True
+    drop_last: bool = True
+
+    def __len__(self) -> int:
+        n = self.labels.shape[0]
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def iterate(self, start_step: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.randperm(
+            self.labels.shape[0], generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+        for step in range(start_step, len(self)):
+            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
+            images = self.images[idx]
+            if self.augment:
+                draws = torch.Generator().manual_seed((self.seed * 100_003 + self.epoch) * 1_000_003 + step)
+                images = random_crop_flip(images, draws)
+            yield images, self.labels[idx]
