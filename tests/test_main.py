@@ -16,3 +16,9 @@ def test_benchmark_compares_paths_on_the_same_weights():
     assert row['max_abs_diff'] < 1e-5 and row['buffer_bytes'] == 0
     assert row['original_img_s'] > 0 and row['fast_img_s'] > 0
     assert math.isfinite(row['original_peak_mb']) and row['original_peak_mb'] > 0
+
+
+def test_training_throughput_counts_flops():
+    from timm_attnconv.benchmark import training_throughput
+    row = training_throughput('sa_learned_tiny_cifar', batch_size=4, steps=1)
+    assert row['img_s'] > 0 and row['gflop_s'] > 0

@@ -87,6 +87,11 @@ def test_features_only(name):
     assert [tuple(o.shape) for o in outs] == [(1, 32, 16, 16)] * 2
 
 
+def test_user_feature_cfg_merges():
+    model = timm.create_model(MODELS[0], features_only=True, feature_cfg=dict(out_indices=(1,)), **NARROW)
+    assert len(model(torch.randn(1, 3, 32, 32))) == 1
+
+
 @pytest.mark.parametrize('name', MODELS)
 def test_torchscript(name):
     with set_scriptable(True):

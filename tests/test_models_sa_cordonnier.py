@@ -99,6 +99,17 @@ def test_original_paper_size_checkpoint_bare_state_dict(tmp_path):
         torch.testing.assert_close(model.eval()(x), original.forward(sd, x, 'quadratic'), rtol=0, atol=1e-5)
 
 
+def test_original_checkpoint_adapts_to_one_input_channel(tmp_path):
+    sd = original.make_state_dict('quadratic', 16, (2, 2), 24)
+    path = tmp_path / 'final.checkpoint'
+    torch.save({'model_state_dict': sd}, path)
+    model = timm.create_model('sa_quadratic_cifar', pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
+                              embed_dim=16, depth=2, mlp_dim=24, num_heads=2, in_chans=1, num_classes=4)
+    rgb = sd['features_upscale.weight'].reshape(16, 2, 2, 3).permute(0, 3, 1, 2)
+    torch.testing.assert_close(model.patch_embed.proj.weight, rgb.sum(dim=1, keepdim=True))
+    assert model(torch.randn(1, 1, 32, 32)).shape == (1, 4)
+
+
 def test_pruned_checkpoint_needs_matching_heads(tmp_path):
     sd = original.make_state_dict('quadratic_gen', 16, (3, 1), 24)
     model = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, depth=2, mlp_dim=24)

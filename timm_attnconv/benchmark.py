@@ -123,6 +123,43 @@ def compare_paths(
     )
 
 
+def training_throughput(
+        name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
+) -> Dict[str, object]:
+    """img/s and achieved GFLOP/s of full training steps (forward, backward, AdamW) of ``name`` at 32×32.
+
+    FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one step (matrix products and convolutions of
+    forward and backward; 2 per multiply-add)."""
+    import timm
+    from timm.optim import create_optimizer_v2
+    from torch.utils.flop_counter import FlopCounterMode
+    import timm_attnconv  # noqa: F401
+
+    dev = torch.device(device)
+    model = timm.create_model(name).train().to(dev)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
+    x = torch.randn(batch_size, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (batch_size,), device=dev)
+
+    def step():
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    with FlopCounterMode(display=False) as counter:
+        step()  # also the warm-up
+    _sync(dev)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(dev)
+    seconds = (time.perf_counter() - start) / steps
+    return dict(name=name, batch=batch_size, img_s=batch_size / seconds,
+                gflop_s=counter.get_total_flops() / seconds / 1e9)
+
+
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
     """Share of real CIFAR-10 test images whose top-1 class is the same under bf16 autocast as in fp32."""
     import numpy as np
@@ -160,11 +197,25 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--data-dir', default=os.path.join('..', 'shared', 'data', 'cifar10'),
                         help='CIFAR-10 npz folder for the bf16 check (skipped if absent)')
     parser.add_argument('--bf16-model', default='sa_quadratic_cifar', help='model for the bf16 check ("" to skip)')
+    parser.add_argument('--train', action='store_true',
+                        help='instead: training-step throughput of the compact models (or --models), batch 256')
+    parser.add_argument('--amp', choices=('none', 'bf16'), default='none', help='autocast for --train')
     parser.add_argument('--bf16-images', type=int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.train:
+        names = args.models or timm_attnconv.list_models(filter='*_tiny_*')
+        amp = torch.bfloat16 if args.amp == 'bf16' else None
+        print(f'training steps (AdamW), 32 px, {args.amp}, device {args.device}, {torch.get_num_threads()} threads')
+        rows = []
+        for name in names:
+            row = training_throughput(name, args.batch_size or 256, args.iters, args.device, amp)
+            print(f"{name:32s} batch {row['batch']:4d} {row['img_s']:8.1f} img/s {row['gflop_s']:8.1f} GFLOP/s",
+                  flush=True)
+            rows.append(row)
+        return rows
     names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]
     print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
     print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "

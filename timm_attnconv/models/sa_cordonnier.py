@@ -302,10 +302,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SelfAttentionNet) ->
         if key.endswith(('self.R', 'attention_mask', 'relative_indices')):
             continue
         if key.startswith('features_upscale.'):
-            if key.endswith('weight'):
-                dim, patch_dim = value.shape
-                patch = int(round((patch_dim // model.in_chans) ** 0.5))
-                value = value.reshape(dim, patch, patch, model.in_chans).permute(0, 3, 1, 2)
+            if key.endswith('weight'):  # (D, p·p·C) in (dy, dx, c) order → (D, C, p, p); C of the file, not the model
+                patch = model.patch_size
+                value = value.reshape(value.shape[0], patch, patch, -1).permute(0, 3, 1, 2)
             out['patch_embed.proj.' + key.split('.')[-1]] = value
             continue
         if key.startswith('classifier.'):
@@ -366,13 +365,14 @@ def _original_layer_key(name: str, query_position: bool) -> str:
 
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
-    out_indices = kwargs.pop('out_indices', kwargs.get('depth', 6))
+    feature_cfg = dict(out_indices=kwargs.pop('out_indices', kwargs.get('depth', 6)), feature_cls='getter')
+    feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
     return build_model_with_cfg(
         SelfAttentionNet,
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        feature_cfg=feature_cfg,
         **kwargs,
     )
 
