@@ -1,7 +1,7 @@
 """``python -m timm_attnconv``: create every registered model, count it, run it.
 
 Prints one row per model: parameters, GMACs (fvcore, the path the model runs) and the paper-style GFLOPs, then the
-logits shape and the time of one forward pass on a batch of 8 images at the model's default input size.
+logits shape and the time of one forward pass (after a warm-up) on a batch of 8 images at the model's default input size.
 """
 import argparse
 import time
@@ -27,6 +27,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         model = timm.create_model(name).eval()
         x = torch.randn(8, *model.pretrained_cfg['input_size'])
         with torch.no_grad():
+            model(x)  # warm-up: the first call pays one-off allocation costs
             start = time.perf_counter()
             logits = model(x)
             seconds = time.perf_counter() - start
