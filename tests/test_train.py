@@ -1,6 +1,5 @@
 """Training runs end to end on a tiny slice of CIFAR-10, stops cleanly and resumes exactly."""
 import json
-import os
 
 import pytest
 import torch

@@ -101,7 +101,6 @@ def compare_paths(
     """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring."""
     import timm
     from timm.models import reparameterize_model
-    import timm_attnconv  # noqa: F401
 
     dev = torch.device(device)
     original = timm.create_model(name, **model_kwargs).eval().to(dev)
@@ -133,7 +132,6 @@ def training_throughput(
     import timm
     from timm.optim import create_optimizer_v2
     from torch.utils.flop_counter import FlopCounterMode
-    import timm_attnconv  # noqa: F401
 
     dev = torch.device(device)
     model = timm.create_model(name).train().to(dev)
@@ -164,7 +162,6 @@ def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device:
     """Share of real CIFAR-10 test images whose top-1 class is the same under bf16 autocast as in fp32."""
     import numpy as np
     import timm
-    import timm_attnconv  # noqa: F401
 
     data = np.load(os.path.join(data_dir, 'test.npz'), allow_pickle=False)
     pretrained = timm.models.is_model_pretrained(name)

@@ -51,7 +51,6 @@ def evaluate(
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     import timm
-    import timm_attnconv  # noqa: F401  (registration)
     from .train import load_training_checkpoint
 
     parser = argparse.ArgumentParser(description='CIFAR-10 test accuracy of a timm_attnconv model.')

@@ -13,7 +13,7 @@ import argparse
 import logging
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -126,7 +126,6 @@ def model_report(name: str, img_size: int = 32, **kwargs) -> Dict[str, Any]:
     column, which leaves attention out. FLOPs in the papers' sense are 2 × MACs.
     """
     import timm
-    import timm_attnconv  # noqa: F401  (registration)
 
     model = timm.create_model(name, **kwargs).eval()
     in_chans = model.pretrained_cfg['input_size'][0]

@@ -89,7 +89,6 @@ def _config(args: argparse.Namespace) -> Dict[str, Any]:
 
 def _build(config: Dict[str, Any]) -> nn.Module:
     import timm
-    import timm_attnconv  # noqa: F401  (registration)
     return timm.create_model(config['model'], num_classes=10, **config['model_kwargs'])
 
 
