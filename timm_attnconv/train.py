@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
 
-__all__ = ['main', 'load_training_checkpoint']
+__all__ = ['main', 'load_training_checkpoint', 'load_weights']
 
 CHECKPOINT = 'last.pth.tar'
 # options that must not change between a run and its resumption
@@ -92,18 +92,25 @@ def _build(config: Dict[str, Any]) -> nn.Module:
     return timm.create_model(config['model'], num_classes=10, **config['model_kwargs'])
 
 
+def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
+    """The model of a loaded training checkpoint with its ``'model'`` or ``'ema'`` weights, in eval mode."""
+    if state.get(key) is None:
+        raise ValueError(f'the checkpoint has no {key} weights (was the run started with --model-ema?)')
+    model = _build(state['config'])
+    weights = {k.removeprefix('module.'): v for k, v in state[key].items()}
+    model.load_state_dict(weights)
+    return model.eval()
+
+
 def load_training_checkpoint(path: str, use_ema: bool = False) -> nn.Module:
-    """The model of a training checkpoint (its EMA weights with ``use_ema``), in eval mode."""
+    """The model of a training checkpoint file (its EMA weights with ``use_ema``), in eval mode."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f'no training checkpoint at {path!r}')
     state = torch.load(path, map_location='cpu', weights_only=True)
-    model = _build(state['config'])
-    key = 'ema' if use_ema else 'model'
-    if state.get(key) is None:
-        raise ValueError(f'{path!r} has no {key} weights (was the run started with --model-ema?)')
-    weights = {k.removeprefix('module.'): v for k, v in state[key].items()} if use_ema else state[key]
-    model.load_state_dict(weights)
-    return model.eval()
+    try:
+        return load_weights(state, 'ema' if use_ema else 'model')
+    except ValueError as e:
+        raise ValueError(f'{path!r}: {e}') from e
 
 
 def _check_resumable(state: Dict[str, Any], config: Dict[str, Any], path: str) -> None:

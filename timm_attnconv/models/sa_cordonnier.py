@@ -31,7 +31,9 @@ from timm.layers import DropPath, Mlp, SelectAdaptivePool2d, register_notrace_fu
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
+from ..data import CIFAR10_CLASSES
 from ..layers import PositionalSelfAttention
+from ..pretrained import hub_id, resolve_pretrained_kwargs
 from ._registry import register_model
 
 __all__ = ['SelfAttentionNet']
@@ -365,6 +367,7 @@ def _original_layer_key(name: str, query_position: bool) -> str:
 
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
     feature_cfg = dict(out_indices=kwargs.pop('out_indices', kwargs.get('depth', 6)), feature_cls='getter')
     feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
     return build_model_with_cfg(
@@ -387,7 +390,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     return {
         'num_classes': 10, 'input_size': (3, 32, 32), 'pool_size': (16, 16), 'min_input_size': (3, 2, 2),
         'crop_pct': 1.0, 'interpolation': 'bilinear', 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
-        'first_conv': 'patch_embed.proj', 'classifier': 'head', 'license': 'apache-2.0',
+        'first_conv': 'patch_embed.proj', 'classifier': 'head', 'label_names': CIFAR10_CLASSES, 'license': 'apache-2.0',
         'paper_ids': 'arXiv:1911.03584',
         'paper_name': 'On the Relationship between Self-Attention and Convolutional Layers',
         'origin_url': 'https://github.com/epfml/attention-cnn',
@@ -402,7 +405,7 @@ default_cfgs = generate_default_cfgs({
     'sa_quadratic_16h_cifar': _cfg(notes=('Appendix F: 16 isotropic heads, 18.8M params',)),
     'sa_learned_cifar': _cfg(notes=('Table 1 "SA learned emb.": 12.3M params',)),
     'sa_learned_content_cifar': _cfg(notes=('Table 1 "SA learned emb. + content-based att.": 29.5M params',)),
-    'sa_quadratic_tiny_cifar': _cfg(notes=(TINY_NOTE,)),
+    'sa_quadratic_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_quadratic_tiny_cifar.c10'), notes=(TINY_NOTE,)),
     'sa_learned_tiny_cifar': _cfg(notes=(TINY_NOTE,)),
     'sa_learned_content_tiny_cifar': _cfg(notes=(TINY_NOTE,)),
 })
