@@ -1,14 +1,33 @@
 """The command-line tools run end to end on small inputs."""
 import math
 
+import timm
+import torch
+
+import timm_attnconv
+
 from timm_attnconv import __main__ as main_job
 from timm_attnconv.benchmark import compare_paths
+from timm_attnconv.data import load_samples, normalize
 
 
 def test_main_job_prints_the_table(capsys):
     main_job.main(['sa_quadratic_gen_pruned_cifar'])
     out = capsys.readouterr().out
     assert 'sa_quadratic_gen_pruned_cifar' in out and '9,686,916' in out and '(8, 10)' in out
+    assert 'bundled test images' not in out  # no weights, no predictions
+
+
+def test_main_job_classifies_the_samples_with_pretrained_models(capsys):
+    name = timm_attnconv.list_models(pretrained=True)[0]
+    predictions = main_job.classify_samples([name])[name]
+    images, labels, files = load_samples()
+    model = timm.create_model(name, pretrained=True).eval()
+    x = normalize(images, model.pretrained_cfg['mean'], model.pretrained_cfg['std'])
+    assert predictions == model(x).argmax(-1).tolist()
+    out = capsys.readouterr().out
+    correct = sum(p == t for p, t in zip(predictions, labels.tolist()))
+    assert f'accuracy: {correct}/{len(files)}' in out and all(f in out for f in files)
 
 
 def test_benchmark_compares_paths_on_the_same_weights():

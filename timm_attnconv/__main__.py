@@ -1,25 +1,45 @@
-"""``python -m timm_attnconv``: create every registered model, count it, run it.
+"""``python -m timm_attnconv``: classify the bundled CIFAR-10 samples with every pretrained model, then count and run
+every registered model.
 
-Prints one row per model: parameters, GMACs (fvcore, the path the model runs) and the paper-style GFLOPs, then the
-logits shape and the time of one forward pass (after a warm-up) on a batch of 8 images at the model's default input size.
+Part 1 loads each model that has weights (``pretrained=True``: the clone's ``weights/`` folder, else the Hub), prints
+its prediction for each sample image in ``timm_attnconv/samples/`` and its accuracy on them. Part 2 prints one row per
+model: parameters, GMACs (fvcore, the path the model runs), the paper-style GFLOPs and the time of one forward pass
+(after a warm-up) on a batch of 8 images at the model's default input size.
 """
 import argparse
 import time
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def classify_samples(names: Sequence[str]) -> Dict[str, List[int]]:
+    """Predicted class of every bundled sample image for each pretrained model in ``names``; prints the table."""
     import timm
-    import timm_attnconv
-    from timm_attnconv.flops import model_report
+    from .data import CIFAR10_CLASSES, load_samples, normalize
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('models', nargs='*', help='model names (default: all registered)')
-    args = parser.parse_args(argv)
-    names = args.models or timm_attnconv.list_models()
+    images, labels, files = load_samples()
+    predictions = {}
+    for name in names:
+        model = timm.create_model(name, pretrained=True).eval()
+        with torch.no_grad():
+            probs = model(normalize(images, model.pretrained_cfg['mean'], model.pretrained_cfg['std'])).softmax(-1)
+        predictions[name] = probs.argmax(-1).tolist()
+        confidence = probs.max(-1).values.tolist()
+        print(f'\n{name} ({timm.models.get_pretrained_cfg(name).hf_hub_id}) on {len(files)} bundled test images:')
+        print(f"{'image':20s} {'label':11s} {'predicted':11s} {'p':>5s}")
+        for file, label, pred, p in zip(files, labels.tolist(), predictions[name], confidence):
+            mark = '' if pred == label else '  ✗'
+            print(f'{file:20s} {CIFAR10_CLASSES[label]:11s} {CIFAR10_CLASSES[pred]:11s} {p:5.2f}{mark}')
+        correct = sum(p == t for p, t in zip(predictions[name], labels.tolist()))
+        print(f'accuracy: {correct}/{len(files)} = {100 * correct / len(files):.0f}%')
+    return predictions
+
+
+def model_table(names: Sequence[str]) -> None:
+    import timm
+    from .flops import model_report
 
     rows = []
     for name in tqdm(names, desc='models', unit='model'):
@@ -42,6 +62,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f'{name:32s} {params:12,d} {gmacs:7.3f} {paper:19.3f} {str(shape):>9s} {ms:14.0f} ms')
     print('\nGMACs: fvcore with exact attention handles, one 32×32 image. Paper-style: 2 × MACs of Linear layers '
           'and stem only, the convention of the paper\'s FLOP column.')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import timm_attnconv
+
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('models', nargs='*', help='model names (default: all registered)')
+    args = parser.parse_args(argv)
+    names = args.models or timm_attnconv.list_models()
+    classify_samples([n for n in timm_attnconv.list_models(pretrained=True) if n.split('.')[0] in names])
+    model_table(names)
 
 
 if __name__ == '__main__':

@@ -10,15 +10,17 @@ is cropped (zero padding 4, as ``RandomCrop(32, padding=4)``) and flipped with t
 """
 import os
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ['CIFAR10_CLASSES', 'load_cifar10', 'normalize', 'random_crop_flip', 'EpochBatches']
+__all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'load_samples', 'normalize',
+           'random_crop_flip', 'EpochBatches']
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
+SAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'samples')
 
 
 def _default_data_dir() -> str:
@@ -77,6 +79,33 @@ def _read_torchvision(root: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
     except RuntimeError as e:  # torchvision's message for missing or corrupt files
         raise ValueError(f'torchvision CIFAR-10 in {root!r}: {e}') from e
     return dataset.data, np.asarray(dataset.targets)
+
+
+def write_samples(out_dir: str = SAMPLES_DIR, per_class: int = 2, data_dir: Optional[str] = None) -> List[str]:
+    """Save the first ``per_class`` test images of each class as ``<test index>_<class>.png`` (lossless)."""
+    from PIL import Image
+    images, labels = load_cifar10(data_dir, 'test')
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for label, name in enumerate(CIFAR10_CLASSES):
+        for index in torch.nonzero(labels == label)[:per_class, 0].tolist():
+            paths.append(os.path.join(out_dir, f'{index:05d}_{name}.png'))
+            Image.fromarray(images[index].permute(1, 2, 0).numpy()).save(paths[-1], optimize=True)
+    return sorted(paths)
+
+
+def load_samples(sample_dir: str = SAMPLES_DIR) -> Tuple[torch.Tensor, torch.Tensor, List[str]]:
+    """The bundled sample images: uint8 ``(N, 3, 32, 32)``, labels from the file names, and the file names."""
+    from PIL import Image
+    names = sorted(f for f in os.listdir(sample_dir) if f.endswith('.png'))
+    if not names:
+        raise FileNotFoundError(f'no sample images (*.png) in {sample_dir!r}; recreate them with '
+                                f'`python -c "from timm_attnconv.data import write_samples; write_samples()"`')
+    images = torch.stack([
+        torch.from_numpy(np.array(Image.open(os.path.join(sample_dir, n)).convert('RGB'))).permute(2, 0, 1)
+        for n in names])
+    labels = torch.tensor([CIFAR10_CLASSES.index(n[:-4].split('_', 1)[1]) for n in names])
+    return images, labels, names
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:

@@ -1,0 +1,124 @@
+"""Pretrained weights: bundled folders, sha256 checks, clear refusals, and the real Hub download path on loopback."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+import timm_attnconv
+from timm_attnconv.pretrained import HF_ORG, WEIGHTS_FILE, bundled_weights_dir, recorded_sha256, sha256_file
+
+from .hub_server import HubServer
+
+WEIGHTS = Path(__file__).resolve().parent.parent / 'weights'
+PRETRAINED = timm_attnconv.list_models(pretrained=True)  # 'arch.tag' names
+TAMPERED_REVISION = 'b' * 40
+
+
+def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
+    tags = PRETRAINED
+    assert tags, 'no model has pretrained weights'
+    assert all('.' in name for name in tags)
+    records = recorded_sha256()
+    for name in tags:
+        cfg = timm.models.get_pretrained_cfg(name)
+        assert cfg.hf_hub_id == f'{HF_ORG}/{name}'
+        folder = WEIGHTS / name
+        for filename in ('config.json', WEIGHTS_FILE, 'README.md', 'training_log.jsonl', 'training_curves.png'):
+            assert (folder / filename).is_file(), f'{folder / filename} missing'
+        assert records[cfg.hf_hub_id] == sha256_file(folder / WEIGHTS_FILE)
+        assert json.loads((folder / 'config.json').read_text())['architecture'] == name.split('.')[0]
+    assert sorted(records) == sorted(f'{HF_ORG}/{n}' for n in tags), 'a recorded file has no registered cfg'
+
+
+@pytest.mark.parametrize('name', PRETRAINED)
+def test_pretrained_loads_the_bundled_file(name):
+    model = timm.create_model(name.split('.')[0], pretrained=True)  # the default tag
+    shipped = load_file(WEIGHTS / name / WEIGHTS_FILE)
+    state = model.state_dict()
+    assert state.keys() == shipped.keys()
+    assert all(torch.equal(state[k], shipped[k]) for k in shipped)
+
+
+@pytest.mark.parametrize('name', PRETRAINED)
+def test_model_card_has_hub_metadata_and_the_recorded_digest(name):
+    card = (WEIGHTS / name / 'README.md').read_text()
+    front, body = card.split('---\n')[1:3]
+    assert 'library_name: timm' in front and '- timm_attnconv' in front and '- cifar10' in front
+    assert 'model-index:' in front and 'name: top-1 accuracy' in front
+    assert recorded_sha256()[f'{HF_ORG}/{name}'] in body
+    assert 'python -m timm_attnconv.train' in body and 'training_curves.png' in body
+
+
+def test_a_name_without_weights_says_so_and_lists_alternatives():
+    with pytest.raises(RuntimeError, match='no pretrained weights yet') as info:
+        timm.create_model('sa_learned_content_cifar', pretrained=True)
+    assert all(name in str(info.value) for name in PRETRAINED)
+
+
+def _tampered_copy(tmp_path: Path, name: str, mutate) -> Path:
+    folder = tmp_path / 'weights'
+    shutil.copytree(WEIGHTS / name, folder / name)
+    path = folder / name / WEIGHTS_FILE
+    mutate(path)
+    return folder
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize('mutate', [_flip_a_byte, _truncate], ids=['tampered', 'truncated'])
+def test_a_changed_weights_file_is_refused_before_loading(tmp_path, monkeypatch, mutate):
+    name = PRETRAINED[0]
+    monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', str(_tampered_copy(tmp_path, name, mutate)))
+    with pytest.raises(ValueError, match='sha256.*truncated, corrupt'):
+        timm.create_model(name.split('.')[0], pretrained=True)
+
+
+def test_weights_dir_override_and_hub_only_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', str(tmp_path))
+    assert bundled_weights_dir() == tmp_path
+    monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', '')
+    assert bundled_weights_dir() is None
+    # hub-only with HF_HUB_OFFLINE (conftest) and an empty cache: a clear error, not random weights
+    monkeypatch.setenv('HF_HUB_CACHE', str(tmp_path))
+    with pytest.raises(RuntimeError, match='could not get model.safetensors'):
+        timm.create_model(PRETRAINED[0].split('.')[0], pretrained=True)
+
+
+def test_hub_download_path_on_a_loopback_endpoint(tmp_path):
+    """The real ``huggingface_hub`` download code, in a fresh interpreter pointed at a loopback Hub."""
+    name = PRETRAINED[0]
+    tampered = _tampered_copy(tmp_path, name, _flip_a_byte)
+    env = {k: v for k, v in os.environ.items() if not k.startswith('HF_')}
+    with HubServer(HF_ORG, {'main': WEIGHTS, TAMPERED_REVISION: tampered}) as hub:
+        env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / 'cache'), HF_HUB_DISABLE_XET='1',
+                   HF_HUB_DISABLE_TELEMETRY='1', HF_HUB_DISABLE_PROGRESS_BARS='1', HF_HUB_ETAG_TIMEOUT='5',
+                   TIMM_ATTNCONV_WEIGHTS_DIR='', PYTHONPATH=os.pathsep.join([str(WEIGHTS.parent)] + sys.path))
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name('hub_client.py')), name, str(WEIGHTS / name / WEIGHTS_FILE),
+             TAMPERED_REVISION], env=env, capture_output=True, text=True, timeout=300)
+        requests = list(hub.requests)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result['registry'] == 0 and result['hf_hub'] == 0, result
+    assert result['offline_cached'] == 0, result
+    assert result['tampered'].startswith('ValueError') and 'sha256' in result['tampered']
+    assert result['offline_uncached'].startswith('RuntimeError') and 'HF_HUB_OFFLINE' in result['offline_uncached']
+    resolve = f'/{HF_ORG}/{name}/resolve/'
+    assert ('GET', f'{resolve}main/{WEIGHTS_FILE}') in requests
+    assert ('GET', f'{resolve}main/config.json') in requests  # the hf-hub: form reads config.json first
+    assert ('GET', f'{resolve}{TAMPERED_REVISION}/{WEIGHTS_FILE}') in requests
