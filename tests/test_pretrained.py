@@ -122,3 +122,30 @@ def test_hub_download_path_on_a_loopback_endpoint(tmp_path):
     assert ('GET', f'{resolve}main/{WEIGHTS_FILE}') in requests
     assert ('GET', f'{resolve}main/config.json') in requests  # the hf-hub: form reads config.json first
     assert ('GET', f'{resolve}{TAMPERED_REVISION}/{WEIGHTS_FILE}') in requests
+
+
+def test_publish_checks_everything_up_to_the_upload_call(tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+    from timm_attnconv import publish
+
+    name = PRETRAINED[0]
+    folder = str(WEIGHTS / name)
+    plan, = publish.publish([folder], dry_run=True)
+    assert plan['repo_id'] == f'{HF_ORG}/{name}' and WEIGHTS_FILE in plan['files']
+
+    monkeypatch.setenv('HF_HOME', str(tmp_path))  # no stored token
+    monkeypatch.delenv('HF_TOKEN', raising=False)
+    monkeypatch.setattr('huggingface_hub.get_token', lambda: None)
+    with pytest.raises(RuntimeError, match='no Hugging Face token'):
+        publish.publish([folder])
+
+    calls = []
+    monkeypatch.setattr('huggingface_hub.get_token', lambda: 'hf_test')
+    monkeypatch.setattr(HfApi, 'create_repo', lambda self, repo_id, **kw: calls.append(('create', repo_id, kw)))
+    monkeypatch.setattr(HfApi, 'upload_folder', lambda self, **kw: calls.append(('upload', kw)) or 'commit-url')
+    plan, = publish.publish([folder])
+    assert calls[0] == ('create', f'{HF_ORG}/{name}', dict(exist_ok=True, private=False))
+    assert calls[1][1]['folder_path'] == folder and calls[1][1]['repo_id'] == f'{HF_ORG}/{name}'
+
+    with pytest.raises(ValueError, match='sha256'):
+        publish.publish([str(_tampered_copy(tmp_path, name, _flip_a_byte) / name)], dry_run=True)
