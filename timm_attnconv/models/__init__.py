@@ -3,10 +3,11 @@ from typing import List
 
 import timm
 
+from .attn_augment import AAResNet
 from .sa_cordonnier import SelfAttentionNet
 
 # timm keys its registry by the last component of each model's module name
-MODEL_MODULES = ('sa_cordonnier',)
+MODEL_MODULES = ('sa_cordonnier', 'attn_augment')
 
 
 def list_models(filter: str = '', pretrained: bool = False) -> List[str]:

@@ -1,0 +1,111 @@
+"""AAConv2d against a literal per-head, per-position reading of Bello et al. (2019), eq. 1–3 and §3.1."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from timm_attnconv.layers import AAConv2d, aa_dims
+
+
+def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
+    """Loops over batch, head and query pixel; every index spelled out (catches head-split and reshape bugs)."""
+    a = x
+    for _ in range(layer.num_pools):
+        a = F.avg_pool2d(a, 3, 2, 1, count_include_pad=False)
+    batch, _, height, width = a.shape
+    w_qkv = layer.qkv.weight[:, :, 0, 0]
+    b_qkv = layer.qkv.bias if layer.qkv.bias is not None else torch.zeros(w_qkv.shape[0])
+    dk, dv, heads = layer.dim_k, layer.dim_v, layer.num_heads
+    dkh, dvh = dk // heads, dv // heads
+    out = torch.zeros(batch, dv, height, width)
+    for b in range(batch):
+        for h in range(heads):
+            rq = slice(h * dkh, (h + 1) * dkh)                     # head h owns channels h·d_kh … (head-major)
+            rk = slice(dk + h * dkh, dk + (h + 1) * dkh)
+            rv = slice(2 * dk + h * dvh, 2 * dk + (h + 1) * dvh)
+
+            def wq(pixel):
+                return w_qkv[rq] @ pixel + b_qkv[rq]
+
+            def wk(pixel):
+                return w_qkv[rk] @ pixel + b_qkv[rk]
+
+            def wv(pixel):
+                return w_qkv[rv] @ pixel + b_qkv[rv]
+
+            for i in range(height):
+                for j in range(width):
+                    q = wq(a[b, :, i, j]) / math.sqrt(dkh)
+                    logits = torch.empty(height, width)
+                    for k in range(height):
+                        for col in range(width):
+                            logit = q @ wk(a[b, :, k, col])
+                            if layer.rel_rows is not None:
+                                logit = logit + q @ layer.rel_rows[k - i + layer.rel_rows.shape[0] // 2] \
+                                    + q @ layer.rel_cols[col - j + layer.rel_cols.shape[0] // 2]
+                            logits[k, col] = logit
+                    probs = logits.flatten().softmax(0).reshape(height, width)
+                    value = sum(probs[k, col] * wv(a[b, :, k, col])
+                                for k in range(height) for col in range(width))
+                    out[b, h * dvh:(h + 1) * dvh, i, j] = value
+    attn = F.conv2d(out, layer.proj.weight, layer.proj.bias)
+    out_size = (-(-x.shape[-2] // layer.stride), -(-x.shape[-1] // layer.stride))
+    if attn.shape[-2:] != out_size:
+        attn = F.interpolate(attn, size=out_size, mode='bilinear', align_corners=False)
+    if layer.conv is None:
+        return attn
+    return torch.cat([layer.conv(x), attn], 1)
+
+
+@pytest.mark.parametrize('stride,attn_pool,size,upsilon', [
+    (1, False, (3, 4), 0.5), (2, False, (5, 7), 0.5), (1, True, (5, 6), 0.5), (1, False, (4, 3), 1.0)])
+@pytest.mark.parametrize('fused', [False, True])
+def test_matches_the_naive_per_head_per_position_reference(stride, attn_pool, size, upsilon, fused):
+    layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=upsilon, min_dim_head_qk=3, attn_grid=size,
+                     attn_pool=attn_pool, qkv_bias=True, proj_bias=True).eval()
+    for p in (layer.qkv.bias, layer.proj.bias):
+        torch.nn.init.normal_(p)
+    layer.fused_attn = fused
+    x = torch.randn(2, 6, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _naive_aa(layer, x), rtol=1e-4, atol=1e-5)
+
+
+def test_relative_logits_shared_by_heads_and_grid_sizes_run():
+    layer = AAConv2d(8, 16, 3, 1, num_heads=4, kappa=1.0, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
+    assert layer.rel_rows.shape == (7, layer.dim_k // 4) and layer.rel_cols.shape == (7, layer.dim_k // 4)
+    for size in ((1, 1), (3, 9), (11, 5), (15, 8)):  # smaller grids slice the tables, larger ones interpolate
+        out = layer(torch.randn(1, 8, *size))
+        assert out.shape == (1, 16, *size) and torch.isfinite(out).all()
+    strided = AAConv2d(8, 16, 3, 2, num_heads=2, kappa=1.0, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4),
+                       attn_pool=True)
+    assert strided(torch.randn(1, 8, 15, 9)).shape == (1, 16, 8, 5)
+
+
+def test_channel_order_is_conv_then_attention():
+    layer = AAConv2d(4, 12, 3, 1, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4)).eval()
+    x = torch.randn(1, 4, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x)[:, :12 - layer.dim_v], layer.conv(x))
+
+
+def test_dims_follow_the_floor_rules():
+    assert aa_dims(128, 8, 0.2, 0.1) == (160, 8)   # stage 2 of AA-ResNet-50: the 20-per-head key floor
+    assert aa_dims(512, 8, 0.2, 0.1) == (160, 48)
+    assert aa_dims(512, 8, 0.25, 0.25) == (160, 128)
+    assert aa_dims(2048, 8, 1.0, 1.0) == (2048, 2048)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(upsilon=0.01), 'upsilon=0.01'), (dict(upsilon=0), 'upsilon'), (dict(kappa=-1), 'kappa'),
+    (dict(num_heads=0), 'num_heads'), (dict(stride=3), 'stride 1 or 2')])
+def test_bad_settings_fail_at_construction(kwargs, match):
+    args = dict(in_chs=16, out_chs=64, num_heads=8, kappa=0.2, upsilon=0.1, stride=1)
+    with pytest.raises(ValueError, match=match):
+        AAConv2d(**dict(args, **kwargs))
+
+
+def test_wrong_input_channels_are_named():
+    with pytest.raises(ValueError, match=r'expects \(B, 16, H, W\)'):
+        AAConv2d(16, 64, upsilon=0.25)(torch.randn(1, 8, 7, 7))

@@ -1,0 +1,180 @@
+"""Attention-augmented convolution (Bello et al., ICCV 2019, §3).
+
+``AAConv2d(X) = concat[Conv_kxk(X) → F_out − d_v channels, MHA(X) → d_v channels]`` where the multi-head attention
+has 2-D relative position logits (eq. 3)::
+
+    O_h = softmax((q_h k_hᵀ + S_H(q_h) + S_W(q_h)) / √d_kh) v_h         one 1x1 conv gives q, k, v (head-major)
+    MHA = conv1x1( concat_h O_h )                                         W^O, d_v → d_v
+
+``q`` is scaled by ``d_kh^-½`` before both the content and the relative logits, as the paper's appendix code does.
+The relative tables ``r^H`` ``(2H−1, d_kh)`` and ``r^W`` ``(2W−1, d_kh)`` are shared across heads (not layers) and
+sized for the attention grid at the model's default input size; other grid sizes take the central rows (smaller)
+or a linear interpolation of the table over offsets (larger), see :func:`~timm_attnconv.layers.table_for_length`.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_fused_attn
+
+from .relative import rel_logits_2d
+
+__all__ = ['AAConv2d', 'aa_dims']
+
+
+def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_head_qk: int = 20) -> Tuple[int, int]:
+    """``(d_k, d_v)`` = ``(max(N_h·⌊κ·F_out/N_h⌋, N_h·min_dim_head_qk), N_h·⌊υ·F_out/N_h⌋)``.
+
+    The key floor (20 per head) and flooring ``d_v`` to a multiple of the heads are what reproduce the paper's
+    parameter counts (spec §2, per-layer dims). Combinations with no attention channels are refused.
+    """
+    if num_heads < 1:
+        raise ValueError(f'num_heads must be ≥ 1, got {num_heads}')
+    if not 0 < upsilon <= 1:
+        raise ValueError(f'upsilon (d_v / F_out) must be in (0, 1], got {upsilon}')
+    if kappa <= 0:
+        raise ValueError(f'kappa (d_k / F_out) must be > 0, got {kappa}')
+    dim_k = max(num_heads * math.floor(kappa * out_chs / num_heads), num_heads * min_dim_head_qk)
+    dim_v = num_heads * math.floor(upsilon * out_chs / num_heads)
+    if dim_k == 0:
+        raise ValueError(f'kappa={kappa} with {out_chs} output channels and min_dim_head_qk={min_dim_head_qk} '
+                         f'gives no key channels: raise kappa or min_dim_head_qk')
+    if dim_v == 0:
+        raise ValueError(f'upsilon={upsilon} × {out_chs} output channels gives fewer value channels than '
+                         f'{num_heads} heads: raise upsilon to at least {num_heads / out_chs:.3g} or use fewer heads')
+    return dim_k, dim_v
+
+
+@register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
+class AAConv2d(nn.Module):
+    """Attention-augmented ``k×k`` convolution, a drop-in for ``nn.Conv2d(in_chs, out_chs, k, stride)``.
+
+    Args:
+        in_chs, out_chs, kernel_size, stride: as the convolution it replaces (``padding = k // 2``).
+        num_heads: ``N_h``.
+        kappa, upsilon: ``d_k / F_out`` and ``d_v / F_out`` before rounding (:func:`aa_dims`). ``upsilon=1`` is the
+            fully attentional layer: no convolution branch.
+        min_dim_head_qk: floor on key/query channels per head (20 in the paper).
+        attn_grid: attention grid ``(H, W)`` at the model's default input size; sizes the relative tables.
+        attn_pool: average-pool the attention input once more (3×3, stride 2) and upsample the attention output
+            bilinearly to the convolution's size: the paper's memory saving for the largest AA stage.
+        rel_pos: add the 2-D relative logits (the paper's "Relative" row of Table 7; off gives "None").
+        qkv_bias, proj_bias: biases of the 1×1 convolutions (the appendix code's TF defaults have them).
+        resize_tables: interpolate relative tables for grids larger than ``attn_grid`` (else ``ValueError``).
+
+    A stride-2 layer average-pools the attention input (3×3, stride 2, padding 1, padding not counted) so that the
+    attention runs at the output resolution; the paper is silent on strided AA layers (spec §2).
+    """
+
+    def __init__(
+            self,
+            in_chs: int,
+            out_chs: int,
+            kernel_size: int = 3,
+            stride: int = 1,
+            num_heads: int = 8,
+            kappa: float = 0.2,
+            upsilon: float = 0.1,
+            min_dim_head_qk: int = 20,
+            attn_grid: Tuple[int, int] = (14, 14),
+            attn_pool: bool = False,
+            rel_pos: bool = True,
+            qkv_bias: bool = True,
+            proj_bias: bool = True,
+            resize_tables: bool = True,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = dict(device=device, dtype=dtype)
+        if stride not in (1, 2):
+            raise ValueError(f'AAConv2d supports stride 1 or 2, got {stride}')
+        self.dim_k, self.dim_v = aa_dims(out_chs, num_heads, kappa, upsilon, min_dim_head_qk)
+        if self.dim_v > out_chs:
+            raise ValueError(f'upsilon={upsilon} asks for {self.dim_v} attention channels of {out_chs}')
+        self.in_channels, self.out_channels, self.stride = in_chs, out_chs, stride
+        self.num_heads = num_heads
+        self.dim_head_k = self.dim_k // num_heads
+        self.scale = self.dim_head_k ** -0.5
+        self.num_pools = int(stride == 2) + int(attn_pool)
+        self.resize_tables = resize_tables
+        self.fused_attn = use_fused_attn()
+
+        conv_chs = out_chs - self.dim_v
+        self.conv = nn.Conv2d(in_chs, conv_chs, kernel_size, stride, kernel_size // 2, bias=False, **dd) \
+            if conv_chs > 0 else None
+        self.qkv = nn.Conv2d(in_chs, 2 * self.dim_k + self.dim_v, 1, bias=qkv_bias, **dd)
+        self.proj = nn.Conv2d(self.dim_v, self.dim_v, 1, bias=proj_bias, **dd)
+        grid_h, grid_w = to_2tuple(attn_grid)
+        if rel_pos:
+            self.rel_rows = nn.Parameter(torch.empty(2 * grid_h - 1, self.dim_head_k, **dd))
+            self.rel_cols = nn.Parameter(torch.empty(2 * grid_w - 1, self.dim_head_k, **dd))
+        else:
+            self.register_parameter('rel_rows', None)
+            self.register_parameter('rel_cols', None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.conv is not None:
+            nn.init.kaiming_normal_(self.conv.weight, mode='fan_out', nonlinearity='relu')
+        trunc_normal_(self.qkv.weight, std=self.qkv.in_channels ** -0.5)
+        trunc_normal_(self.proj.weight, std=self.proj.in_channels ** -0.5)
+        for conv in (self.qkv, self.proj):
+            if conv.bias is not None:
+                nn.init.zeros_(conv.bias)
+        if self.rel_rows is not None and self.rel_cols is not None:
+            # std d_kh^-½: the appendix passes it as the *mean* of tf.random_normal_initializer, a slip (spec §1.2)
+            trunc_normal_(self.rel_rows, std=self.scale)
+            trunc_normal_(self.rel_cols, std=self.scale)
+
+    def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Pre-softmax logits ``(B, N_h, h·w, h·w)`` (scaled, relative terms included) for NCHW input ``x``."""
+        q, k, _, grid = self._qkv(x)
+        logits = q @ k.transpose(-1, -2)
+        bias = self._relative_bias(q, grid)
+        return logits if bias is None else logits + bias
+
+    def _qkv(self, x: torch.Tensor):
+        for _ in range(self.num_pools):
+            x = F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)
+        batch, _, height, width = x.shape
+        q, k, v = self.qkv(x).reshape(batch, -1, height * width).split([self.dim_k, self.dim_k, self.dim_v], dim=1)
+        # head-major channels: channel c of q belongs to head c // d_kh (the appendix's split_heads_2d)
+        q = q.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2) * self.scale
+        k = k.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
+        v = v.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
+        return q, k, v, (height, width)
+
+    def _relative_bias(self, q: torch.Tensor, grid: Tuple[int, int]) -> Optional[torch.Tensor]:
+        if self.rel_rows is None or self.rel_cols is None:
+            return None
+        height, width = grid
+        q_grid = q.reshape(q.shape[0], self.num_heads, height, width, self.dim_head_k)
+        rows, cols = rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
+        return (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, height * width, -1)
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v, (height, width) = self._qkv(x)
+        bias = self._relative_bias(q, (height, width))
+        if self.fused_attn:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                                                 scale=1.0)  # q is already scaled, the bias must not be
+        else:
+            logits = q @ k.transpose(-1, -2)
+            out = (logits if bias is None else logits + bias).softmax(dim=-1) @ v
+        # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (spec §6)
+        out = out.transpose(-1, -2).reshape(x.shape[0], self.dim_v, height, width)
+        return self.proj(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {tuple(x.shape)}')
+        attn = self._attend(x)
+        out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
+        if attn.shape[-2] != out_h or attn.shape[-1] != out_w:
+            attn = F.interpolate(attn, size=(out_h, out_w), mode='bilinear', align_corners=False)
+        if self.conv is None:
+            return attn
+        return torch.cat([self.conv(x), attn], dim=1)
