@@ -6,6 +6,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import timm_attnconv
 from timm_attnconv.flops import count_macs, main, model_report
+from timm_attnconv.layers import set_attn_path
+
+from .families import small_kwargs, test_size
 
 
 def _flop_counter_macs(model, x):
@@ -18,11 +21,13 @@ def _flop_counter_macs(model, x):
 @pytest.mark.parametrize('name', timm_attnconv.list_models())
 @pytest.mark.parametrize('attn_path', ['auto', 'dense'])
 def test_fvcore_matches_flop_counter_mode(name, attn_path):
-    model = timm.create_model(name, embed_dim=24, mlp_dim=40, attn_path=attn_path).eval()
-    x = torch.randn(1, 3, 24, 40)
+    model = timm.create_model(name, **small_kwargs(name)).eval()
+    set_attn_path(model, attn_path)
+    x = torch.randn(1, 3, test_size(name) - 8, test_size(name) + 8)
     by_op = count_macs(model, x, by_operator=True)
-    # FlopCounterMode counts matrix products and convolutions only; fvcore adds LayerNorm and pooling
-    matrix_macs = sum(v for k, v in by_op.items() if k not in ('layer_norm', 'adaptive_avg_pool2d'))
+    # FlopCounterMode counts matrix products and convolutions only; fvcore adds norms, pooling and resizing
+    others = ('layer_norm', 'batch_norm', 'adaptive_avg_pool2d', 'upsample_bilinear2d')
+    matrix_macs = sum(v for k, v in by_op.items() if k not in others)
     assert matrix_macs == _flop_counter_macs(model, x)
 
 

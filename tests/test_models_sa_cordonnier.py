@@ -230,3 +230,12 @@ def test_bf16_autocast_keeps_predictions():
 def test_pretrained_without_weights_is_an_error():
     with pytest.raises(RuntimeError, match='No pretrained weights'):
         timm.create_model('sa_quadratic_cifar', pretrained=True)
+
+
+def test_forward_intermediates_nhwc():
+    model = timm.create_model('sa_quadratic_tiny_cifar').eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        nchw = model.forward_intermediates(x, indices=[2], intermediates_only=True)[0]
+        nhwc = model.forward_intermediates(x, indices=[2], output_fmt='NHWC', intermediates_only=True)[0]
+    torch.testing.assert_close(nhwc, nchw.permute(0, 2, 3, 1))

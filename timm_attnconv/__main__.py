@@ -60,8 +60,9 @@ def model_table(names: Sequence[str]) -> None:
           f"{'forward, batch 8':>17s}")
     for name, params, gmacs, paper, shape, ms in rows:
         print(f'{name:32s} {params:12,d} {gmacs:7.3f} {paper:19.3f} {str(shape):>9s} {ms:14.0f} ms')
-    print('\nGMACs: fvcore with exact attention handles, one 32×32 image. Paper-style: 2 × MACs of Linear layers '
-          'and stem only, the convention of the paper\'s FLOP column.')
+    print('\nGMACs: fvcore with exact attention handles, one image at the default input size. Paper-style GFLOPs: '
+          'the convention of each paper, 2 × MACs of Linear layers and stem for Cordonnier et al. (their counter '
+          'missed attention), 2 × all MACs for Bello et al.')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .layers import set_attn_path
+from .layers import PositionalSelfAttention, set_attn_path
 
 __all__ = ['count_macs', 'model_report', 'EXACT_HANDLES']
 
@@ -117,23 +117,30 @@ def _paper_counted_macs(model: nn.Module, inputs: torch.Tensor) -> int:
     return total
 
 
-def model_report(name: str, img_size: int = 32, **kwargs) -> Dict[str, Any]:
-    """Params and MACs of a registered model for one ``img_size``×``img_size`` image.
+def model_report(name: str, img_size: Optional[int] = None, **kwargs) -> Dict[str, Any]:
+    """Params and MACs of a registered model for one ``img_size``×``img_size`` image (default: the cfg's size).
 
     Returns a dict with ``params``; ``macs``, the fvcore count (exact handles) of the path the model runs by default;
     ``macs_original``, the same for the original algorithm (every attention layer forced to ``attn_path='dense'``);
-    ``paper_gflops``, 2 × the MACs of the Linear layers and the stem, the convention of the Cordonnier et al. FLOP
-    column, which leaves attention out. FLOPs in the papers' sense are 2 × MACs.
+    ``paper_gflops``, the GFLOPs in the convention of the model's paper: for Cordonnier et al., 2 × the MACs of the
+    Linear layers and the stem (their counter did not see the attention einsums); for Bello et al. and Wang et al.,
+    2 × all MACs.
     """
     import timm
 
     model = timm.create_model(name, **kwargs).eval()
-    in_chans = model.pretrained_cfg['input_size'][0]
-    x = torch.randn(1, in_chans, img_size, img_size)
-    report = dict(name=name, img_size=img_size, params=sum(p.numel() for p in model.parameters()),
+    in_chans, height, width = model.pretrained_cfg['input_size']
+    if img_size is not None:
+        height = width = img_size
+    x = torch.randn(1, in_chans, height, width)
+    report = dict(name=name, img_size=height, params=sum(p.numel() for p in model.parameters()),
                   macs=count_macs(model, x))
     set_attn_path(model, 'dense')
-    report.update(macs_original=count_macs(model, x), paper_gflops=2 * _paper_counted_macs(model, x) / 1e9)
+    report['macs_original'] = count_macs(model, x)
+    if any(isinstance(m, PositionalSelfAttention) for m in model.modules()):
+        report['paper_gflops'] = 2 * _paper_counted_macs(model, x) / 1e9
+    else:
+        report['paper_gflops'] = 2 * report['macs_original'] / 1e9
     return report
 
 
@@ -152,10 +159,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import timm_attnconv
     parser = argparse.ArgumentParser(
         description='Params and MACs (fvcore with exact attention handles) of timm_attnconv models. "GMACs" is the '
-                    'path the model runs, "original" the dense algorithm of the paper code, "paper-style" '
-                    '2 × MACs of Linear layers and stem only, as in the Cordonnier et al. FLOP column.')
+                    'path the model runs, "original" the dense algorithm of the paper code, "paper-style" the '
+                    'convention of the model\'s paper: 2 × MACs of Linear layers and stem only for Cordonnier et al., '
+                    '2 × all MACs for Bello et al.')
     parser.add_argument('models', nargs='*', help='model names (default: all registered)')
-    parser.add_argument('--img-size', type=int, default=32)
+    parser.add_argument('--img-size', type=int, default=None, help='square input size (default: each cfg\'s)')
     args = parser.parse_args(argv)
     names = args.models or timm_attnconv.list_models()
     print(_format_table([model_report(n, args.img_size) for n in names]))

@@ -170,7 +170,7 @@ class AAConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {tuple(x.shape)}')
+            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
         attn = self._attend(x)
         out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
         if attn.shape[-2] != out_h or attn.shape[-1] != out_w:

@@ -1,0 +1,111 @@
+"""AA-ResNets: the paper's parameter counts, any input size, and timm's interface on a ResNet subclass."""
+import pytest
+import timm
+import torch
+from timm.models import get_notrace_modules
+
+import timm_attnconv
+from timm_attnconv.layers import AAConv2d
+
+# spec aa-bello.md §8.1 (verified counts; paper Table 3 / Table 6 in brackets)
+COUNTS = {'aa_resnet34': 20_745_072, 'aa_resnet50': 25_809_392, 'aa_resnet101': 45_386_728,
+          'aa_resnet152': 61_613_536, 'aa_resnet50_fa': 19_383_560}
+SPEC_M = {'aa_resnet34': 20.745, 'aa_resnet50': 25.809, 'aa_resnet101': 45.387, 'aa_resnet152': 61.614,
+          'aa_resnet50_fa': 19.384}
+
+
+@pytest.mark.parametrize('name', sorted(COUNTS))
+def test_parameter_counts_match_the_paper(name):
+    model = timm.create_model(name, device='meta')
+    params = sum(p.numel() for p in model.parameters())
+    assert params == COUNTS[name]
+    assert abs(params / 1e6 - SPEC_M[name]) < 0.0005
+    with_biases = timm.create_model(name, qkv_bias=True, proj_bias=True, device='meta')
+    assert abs(sum(p.numel() for p in with_biases.parameters()) / 1e6 - SPEC_M[name]) < 0.05
+
+
+def test_placement_and_dims_of_aa_resnet50():
+    model = timm.create_model('aa_resnet50', device='meta')
+    assert not any(isinstance(m, AAConv2d) for m in model.layer1.modules())
+    for stage, (dim_k, dim_v, grid, pooled) in {2: (160, 8, 14, True), 3: (160, 24, 14, False),
+                                                4: (160, 48, 7, False)}.items():
+        for block in getattr(model, f'layer{stage}'):
+            assert isinstance(block.conv2, AAConv2d) and not isinstance(block.conv1, AAConv2d)
+            aa = block.conv2
+            assert (aa.dim_k, aa.dim_v, aa.rel_rows.shape[0]) == (dim_k, dim_v, 2 * grid - 1)
+            assert aa.num_pools == int(pooled) + int(aa.stride == 2)
+    basic = timm.create_model('aa_resnet34', device='meta')
+    assert all(isinstance(b.conv1, AAConv2d) and isinstance(b.conv2, torch.nn.Conv2d) for b in basic.layer3)
+
+
+@pytest.mark.parametrize('name,sizes', [('aa_resnet34', [(33, 47), (97, 131)]), ('aa_resnet50_fa', [(40, 72)])])
+def test_any_input_size_runs(name, sizes):
+    model = timm.create_model(name, num_classes=7).eval()
+    for size in sizes:
+        with torch.no_grad():
+            out = model(torch.randn(1, 3, *size))
+        assert out.shape == (1, 7) and torch.isfinite(out).all()
+
+
+def test_default_cfg_consistent_and_fused_equals_explicit():
+    model = timm.create_model('aa_resnet50').eval()
+    cfg = model.pretrained_cfg
+    x = torch.randn(1, *cfg['input_size'])
+    with torch.no_grad():
+        features = model.forward_features(x)
+        assert features.shape == (1, model.num_features, *cfg['pool_size'])
+        fused = model.forward_head(features)
+        for m in model.modules():
+            if isinstance(m, AAConv2d):
+                m.fused_attn = not m.fused_attn
+        torch.testing.assert_close(model(x), fused, rtol=1e-4, atol=1e-4)
+    state = model.state_dict()
+    assert cfg['first_conv'] + '.weight' in state and cfg['classifier'] + '.weight' in state
+    assert 'Table 3' in cfg['notes'][0] and cfg['paper_ids'] == 'arXiv:1904.09925'
+
+
+def test_timm_interface_on_a_small_input():
+    model = timm.create_model('aa_resnet50', num_classes=5).train()
+    x = torch.randn(2, 3, 64, 64)
+    model(x).mean().backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None]
+    assert {'layer4.0.conv2.rel_rows', 'layer2.1.conv2.rel_cols'} <= model.no_weight_decay()
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+        model.set_grad_checkpointing()
+        torch.testing.assert_close(model(x), ref)
+        model.set_grad_checkpointing(False)
+        final, inter = model.forward_intermediates(x)
+        assert [f.shape[1] for f in inter] == [info['num_chs'] for info in model.feature_info]
+        torch.testing.assert_close(model.forward_head(final), ref)
+        torch.testing.assert_close(model(x.contiguous(memory_format=torch.channels_last)), ref,
+                                   rtol=1e-4, atol=1e-5)
+    features = timm.create_model('aa_resnet34', features_only=True, out_indices=(1, 2, 3, 4)).eval()
+    with torch.no_grad():
+        maps = features(x)
+    assert [m.shape[1] for m in maps] == [64, 128, 256, 512] and [m.shape[-1] for m in maps] == [16, 8, 4, 2]
+    assert AAConv2d in get_notrace_modules()
+    model.reset_classifier(0)
+    assert model(x).shape == (2, 2048)
+
+
+def test_torchscript_and_fx():
+    from timm.models import create_feature_extractor
+    model = timm.create_model('aa_resnet34', num_classes=3).eval()
+    x = torch.randn(1, 3, 48, 48)
+    with torch.no_grad():
+        ref = model(x)
+        torch.testing.assert_close(torch.jit.script(model)(x), ref)
+        fx = create_feature_extractor(model, return_nodes=['layer3', 'fc'])
+        torch.testing.assert_close(fx(x)['fc'], ref)
+
+
+def test_bad_configurations_are_named():
+    with pytest.raises(ValueError, match='output_stride=32'):
+        timm.create_model('aa_resnet50', output_stride=16, device='meta')
+    with pytest.raises(ValueError, match='upsilon=0.01'):
+        timm.create_model('aa_resnet50', upsilon=0.01, device='meta')
+    with pytest.raises(RuntimeError, match='no pretrained weights yet'):
+        timm.create_model('aa_resnet50', pretrained=True)
+    assert 'aa_resnet50' in timm_attnconv.list_models('aa_*')
