@@ -5,15 +5,25 @@ SMALL = {
     'sa_cordonnier': (dict(embed_dim=32, mlp_dim=48), 32),
     'attn_augment': (dict(layers=(1, 1, 1, 1)), 64),
 }
+# models of a family built by another class
+SMALL_BY_NAME = {
+    'aa_wide_resnet28_10_cifar': (dict(depths=(1, 1, 1), widths=(80, 80, 96)), 32),
+    'aa_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
+    'attnconv_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
+}
 FAMILY = {name: family for family in SMALL for name in timm.list_models(module=family)}
 
 
+def _small(name: str):
+    return SMALL_BY_NAME.get(name) or SMALL[FAMILY[name]]
+
+
 def small_kwargs(name: str) -> dict:
-    return dict(SMALL[FAMILY[name]][0])
+    return dict(_small(name)[0])
 
 
 def test_size(name: str) -> int:
-    return SMALL[FAMILY[name]][1]
+    return _small(name)[1]
 
 
 test_size.__test__ = False  # a helper, not a pytest test

@@ -41,3 +41,11 @@ def test_training_throughput_counts_flops():
     from timm_attnconv.benchmark import training_throughput
     row = training_throughput('sa_learned_tiny_cifar', batch_size=4, steps=1)
     assert row['img_s'] > 0 and row['gflop_s'] > 0
+
+
+def test_benchmark_compares_a_model_with_its_baseline(capsys):
+    from timm_attnconv.benchmark import main as benchmark_main
+    rows = benchmark_main(['--versus', 'aa_resnet34:resnet34', '--sizes', '40', '--batch-size', '1', '--iters', '1'])
+    row, = rows
+    assert row['time_ratio'] > 0 and row['memory_ratio'] > 0 and row['baseline'] == 'resnet34'
+    assert 'aa_resnet34' in capsys.readouterr().out

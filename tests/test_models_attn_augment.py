@@ -109,3 +109,21 @@ def test_bad_configurations_are_named():
     with pytest.raises(RuntimeError, match='no pretrained weights yet'):
         timm.create_model('aa_resnet50', pretrained=True)
     assert 'aa_resnet50' in timm_attnconv.list_models('aa_*')
+
+
+def _count(name, **kwargs):
+    return sum(p.numel() for p in timm.create_model(name, device='meta', **kwargs).parameters())
+
+
+def test_cifar_models():
+    assert _count('aa_wide_resnet28_10_cifar') == 36_053_716             # spec §8.1: 36.054M (paper: 36.2M)
+    assert _count('aa_wide_resnet28_10_cifar', aa_stages=()) == 36_278_324  # the paper's 36.3M WRN-28-10 baseline
+    assert _count('attnconv_resnet20_cifar') == 269_722                 # He et al. 2016: 0.27M
+    aa20 = timm.create_model('aa_resnet20_cifar').eval()
+    assert not any(isinstance(m, AAConv2d) for m in aa20.stages[0].modules())
+    assert all(isinstance(b.conv1, AAConv2d) for stage in aa20.stages[1:] for b in stage)
+    with torch.no_grad():
+        for size in ((32, 32), (27, 41)):
+            assert aa20(torch.randn(1, 3, *size)).shape == (1, 10)
+    with pytest.raises(ValueError, match='aa_stages must be stages 1..3'):
+        timm.create_model('aa_resnet20_cifar', aa_stages=(4,))

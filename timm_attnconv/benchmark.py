@@ -12,6 +12,7 @@ and the ratios (memory: peak tensor allocations of one forward pass). Run::
 
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
+    python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -122,6 +123,26 @@ def compare_paths(
     )
 
 
+def compare_models(
+        name: str, baseline: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
+) -> Dict[str, object]:
+    """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``)."""
+    import timm
+
+    dev = torch.device(device)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    rows = {}
+    for key, model_name in (('model', name), ('baseline', baseline)):
+        rows[key] = _run(timm.create_model(model_name).eval().to(dev), x, iters)
+    return dict(
+        name=name, baseline=baseline, img_size=img_size, batch=batch_size,
+        img_s=rows['model']['img_s'], baseline_img_s=rows['baseline']['img_s'],
+        time_ratio=rows['baseline']['img_s'] / rows['model']['img_s'],
+        peak_mb=rows['model']['peak_mb'], baseline_peak_mb=rows['baseline']['peak_mb'],
+        memory_ratio=rows['model']['peak_mb'] / max(rows['baseline']['peak_mb'], 1e-6),
+    )
+
+
 def training_throughput(
         name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
 ) -> Dict[str, object]:
@@ -182,6 +203,26 @@ def _print_row(r: Dict[str, object]) -> None:
           f"{r['max_abs_diff']:10.2e} {r['buffer_bytes']:8d}", flush=True)
 
 
+def _versus(pairs: Sequence[str], args: argparse.Namespace) -> List[Dict[str, object]]:
+    print(f'inference, fp32, device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}')
+    print(f"{'model':22s} {'baseline':12s} {'px':>4s} {'batch':>5s} {'img/s':>8s} {'base img/s':>10s} {'time':>7s} "
+          f"{'MB':>8s} {'base MB':>8s} {'memory':>7s}")
+    rows = []
+    for pair in pairs:
+        name, _, baseline = pair.partition(':')
+        if not baseline:
+            raise ValueError(f'--versus takes MODEL:BASELINE pairs, got {pair!r}')
+        for size in args.sizes:
+            r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device)
+            print(f"{name:22s} {baseline:12s} {size:4d} {r['batch']:5d} {r['img_s']:8.2f} {r['baseline_img_s']:10.2f} "
+                  f"{r['time_ratio']:6.2f}x {r['peak_mb']:8.1f} {r['baseline_peak_mb']:8.1f} {r['memory_ratio']:6.2f}x",
+                  flush=True)
+            rows.append(r)
+    print('time: model time / baseline time per image; memory: peak tensor allocations of one forward pass, '
+          'model / baseline.')
+    return rows
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     import timm_attnconv
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -197,6 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--train', action='store_true',
                         help='instead: training-step throughput of the compact models (or --models), batch 256')
     parser.add_argument('--amp', choices=('none', 'bf16'), default='none', help='autocast for --train')
+    parser.add_argument('--versus', nargs='*', default=None, metavar='MODEL:BASELINE',
+                        help='instead: inference time and memory of models against baselines as ratios '
+                             '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
     parser.add_argument('--bf16-images', type=int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)
@@ -213,6 +257,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                   flush=True)
             rows.append(row)
         return rows
+    if args.versus is not None:
+        return _versus(args.versus or ['aa_resnet50:resnet50'], args)
     names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]
     print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
     print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "
