@@ -132,9 +132,7 @@ class AAConv2d(nn.Module):
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-softmax logits ``(B, N_h, h·w, h·w)`` (scaled, relative terms included) for NCHW input ``x``."""
         q, k, _, grid = self._qkv(x)
-        logits = q @ k.transpose(-1, -2)
-        bias = self._relative_bias(q, grid)
-        return logits if bias is None else logits + bias
+        return self._logits(q, k, grid)
 
     def _qkv(self, x: torch.Tensor):
         for _ in range(self.num_pools):
@@ -147,23 +145,32 @@ class AAConv2d(nn.Module):
         v = v.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
         return q, k, v, (height, width)
 
-    def _relative_bias(self, q: torch.Tensor, grid: Tuple[int, int]) -> Optional[torch.Tensor]:
-        if self.rel_rows is None or self.rel_cols is None:
-            return None
+    def _relative_terms(self, q: torch.Tensor, grid: Tuple[int, int]):
         height, width = grid
         q_grid = q.reshape(q.shape[0], self.num_heads, height, width, self.dim_head_k)
-        rows, cols = rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
-        return (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, height * width, -1)
+        return rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
+
+    def _logits(self, q: torch.Tensor, k: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        logits = q @ k.transpose(-1, -2)
+        if self.rel_rows is not None and self.rel_cols is not None:
+            rows, cols = self._relative_terms(q, grid)
+            # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
+            as_grid = logits.view(q.shape[0], self.num_heads, grid[0], grid[1], grid[0], grid[1])
+            as_grid.add_(rows[..., :, None]).add_(cols[..., None, :])
+        return logits
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v, (height, width) = self._qkv(x)
-        bias = self._relative_bias(q, (height, width))
-        if self.fused_attn:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
-                                                 scale=1.0)  # q is already scaled, the bias must not be
+        if self.fused_attn and q.device.type != 'cpu':
+            # fused kernels take the relative logits as an additive mask; on CPU a float mask sends SDPA to its
+            # math kernel, slower than the explicit path below (benchmark)
+            bias: Optional[torch.Tensor] = None
+            if self.rel_rows is not None and self.rel_cols is not None:
+                rows, cols = self._relative_terms(q, (height, width))
+                bias = (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, height * width, -1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # q is scaled, the bias not
         else:
-            logits = q @ k.transpose(-1, -2)
-            out = (logits if bias is None else logits + bias).softmax(dim=-1) @ v
+            out = self._logits(q, k, (height, width)).softmax(dim=-1) @ v
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (spec §6)
         out = out.transpose(-1, -2).reshape(x.shape[0], self.dim_v, height, width)
         return self.proj(out)
