@@ -15,11 +15,11 @@ from timm.models import get_notrace_functions, get_notrace_modules
 
 import timm_attnconv
 
-from .families import FAMILY, small_kwargs, test_size
+from .families import FAMILY, scriptable, small_kwargs, test_size
 
 MODELS = timm_attnconv.list_models()
 # full-size forward passes that take tens of seconds on 2 cores: run with -m slow
-HEAVY = {'aa_resnet101', 'aa_resnet152'}
+HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152'}
 
 
 def _input(model, batch=2):
@@ -119,7 +119,7 @@ def test_user_feature_cfg_merges():
     assert len(model(torch.randn(1, 3, 32, 32))) == 1
 
 
-@pytest.mark.parametrize('name', MODELS)
+@pytest.mark.parametrize('name', [n for n in MODELS if scriptable(n)])
 def test_torchscript(name):
     with set_scriptable(True):
         model, x = _small(name)

@@ -47,18 +47,13 @@ def test_any_input_size_runs(name, sizes):
         assert out.shape == (1, 7) and torch.isfinite(out).all()
 
 
-def test_default_cfg_consistent_and_fused_equals_explicit():
+def test_default_cfg_consistent():
     model = timm.create_model('aa_resnet50').eval()
     cfg = model.pretrained_cfg
     x = torch.randn(1, *cfg['input_size'])
     with torch.no_grad():
         features = model.forward_features(x)
-        assert features.shape == (1, model.num_features, *cfg['pool_size'])
-        fused = model.forward_head(features)
-        for m in model.modules():
-            if isinstance(m, AAConv2d):
-                m.fused_attn = not m.fused_attn
-        torch.testing.assert_close(model(x), fused, rtol=1e-4, atol=1e-4)
+    assert features.shape == (1, model.num_features, *cfg['pool_size'])
     state = model.state_dict()
     assert cfg['first_conv'] + '.weight' in state and cfg['classifier'] + '.weight' in state
     assert 'Table 3' in cfg['notes'][0] and cfg['paper_ids'] == 'arXiv:1904.09925'

@@ -99,6 +99,8 @@ class AAConv2d(nn.Module):
         self.dim_head_k = self.dim_k // num_heads
         self.scale = self.dim_head_k ** -0.5
         self.num_pools = int(stride == 2) + int(attn_pool)
+        self.attn_grid = to_2tuple(attn_grid)
+        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
         self.resize_tables = resize_tables
         self.fused_attn = use_fused_attn()
 
@@ -159,29 +161,49 @@ class AAConv2d(nn.Module):
             as_grid.add_(rows[..., :, None]).add_(cols[..., None, :])
         return logits
 
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v, (height, width) = self._qkv(x)
-        if self.fused_attn and q.device.type != 'cpu':
-            # fused kernels take the relative logits as an additive mask; on CPU a float mask sends SDPA to its
-            # math kernel, slower than the explicit path below (benchmark)
-            bias: Optional[torch.Tensor] = None
-            if self.rel_rows is not None and self.rel_cols is not None:
-                rows, cols = self._relative_terms(q, (height, width))
-                bias = (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, height * width, -1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # q is scaled, the bias not
-        else:
-            out = self._logits(q, k, (height, width)).softmax(dim=-1) @ v
+    def _output(self, x: torch.Tensor, heads: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (spec §6)
-        out = out.transpose(-1, -2).reshape(x.shape[0], self.dim_v, height, width)
-        return self.proj(out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
-        attn = self._attend(x)
+        attn = self.proj(heads.transpose(-1, -2).reshape(x.shape[0], self.dim_v, grid[0], grid[1]))
         out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
         if attn.shape[-2] != out_h or attn.shape[-1] != out_w:
             attn = F.interpolate(attn, size=(out_h, out_w), mode='bilinear', align_corners=False)
         if self.conv is None:
             return attn
         return torch.cat([self.conv(x), attn], dim=1)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.ndim != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
+
+    def _heads_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        # fused kernels take the relative logits as an additive mask
+        bias: Optional[torch.Tensor] = None
+        if self.rel_rows is not None and self.rel_cols is not None:
+            rows, cols = self._relative_terms(q, grid)
+            bias = (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, q.shape[2], -1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # q is scaled, the bias not
+
+    def _heads_explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        return self._logits(q, k, grid).softmax(dim=-1) @ v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        q, k, v, grid = self._qkv(x)
+        # on CPU a float mask sends SDPA to its math kernel, slower than the explicit path (benchmark)
+        if self.fused_attn and q.device.type != 'cpu':
+            heads = self._heads_fused(q, k, v, grid)
+        else:
+            heads = self._heads_explicit(q, k, v, grid)
+        return self._output(x, heads, grid)
+
+    def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Forward pass inside an evolving-attention chain (Wang et al. 2021): ``(output, logits to hand on)``.
+
+        Without ``self.evolve`` the layer starts a chain and ignores ``prev``; the maps are materialised either way.
+        """
+        self._check_input(x)
+        q, k, v, grid = self._qkv(x)
+        logits = self._logits(q, k, grid)
+        if self.evolve is not None:
+            logits = self.evolve(logits, prev)
+        return self._output(x, logits.softmax(dim=-1) @ v, grid), logits

@@ -3,11 +3,12 @@ from typing import List
 
 import timm
 
-from .attn_augment import AAResNet
+from .attn_augment import AAResNet, CifarResNet
+from .evolving_attention import EAAAResNet
 from .sa_cordonnier import SelfAttentionNet
 
 # timm keys its registry by the last component of each model's module name
-MODEL_MODULES = ('sa_cordonnier', 'attn_augment')
+MODEL_MODULES = ('sa_cordonnier', 'attn_augment', 'evolving_attention')
 
 
 def list_models(filter: str = '', pretrained: bool = False) -> List[str]:

@@ -1,0 +1,54 @@
+"""The EA update against a literal per-element reading of Wang et al. (2021), and the chain rules."""
+import pytest
+import torch
+
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, link_chain
+
+
+@pytest.mark.parametrize('residual,conv_weight', [(0.5, 1.0), (0.3, 0.6), (0.0, 0.0)])
+def test_update_matches_the_per_element_formula(residual, conv_weight):
+    heads, n = 3, 5
+    ea = AttentionEvolution(heads, residual, conv_weight)
+    torch.nn.init.normal_(ea.conv.bias)
+    s, prev = torch.randn(2, heads, n, n), torch.randn(2, heads, n, n)
+    w, b = ea.conv.weight, ea.conv.bias
+    mixed = (1 - residual) * s + residual * prev
+    expected = torch.empty_like(s)
+    for batch in range(2):
+        for g in range(heads):
+            for p in range(n):
+                for q in range(n):
+                    acc = b[g].clone()
+                    for h in range(heads):
+                        for u in (-1, 0, 1):
+                            for v in (-1, 0, 1):
+                                if 0 <= p + u < n and 0 <= q + v < n:  # zero padding outside the map
+                                    acc = acc + w[g, h, u + 1, v + 1] * mixed[batch, h, p + u, q + v]
+                    expected[batch, g, p, q] = conv_weight * torch.relu(acc) + (1 - conv_weight) * mixed[batch, g, p, q]
+    with torch.no_grad():
+        torch.testing.assert_close(ea(s, prev), expected)
+
+
+def _aa(grid, heads=2):
+    return AAConv2d(8, 16, num_heads=heads, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=grid)
+
+
+def test_chain_rules():
+    layers = [_aa((4, 4)), _aa((4, 4)), _aa((2, 2)), _aa((2, 2)), _aa((2, 2))]
+    assert link_chain(layers) == 3
+    assert [layer.evolve is None for layer in layers] == [True, False, True, False, False]  # new shape: new chain
+    x = torch.randn(1, 8, 4, 4)
+    out, logits = layers[0].forward_chain(x, None)
+    with torch.no_grad():
+        torch.testing.assert_close(out, layers[0](x))  # a chain start is the plain layer
+    out2, evolved = layers[1].forward_chain(out[:, :8], logits)
+    assert evolved.shape == logits.shape == (1, 2, 16, 16)
+    with pytest.raises(ValueError, match='expects the previous layer\'s logits of shape'):
+        layers[1].forward_chain(out[:, :8], None)
+
+
+def test_incompatible_chains_fail_at_construction():
+    with pytest.raises(ValueError, match='2 and 4 heads'):
+        link_chain([_aa((4, 4), heads=2), _aa((4, 4), heads=4)])
+    with pytest.raises(ValueError, match='evolve_residual must be in'):
+        AttentionEvolution(2, evolve_residual=1.5)

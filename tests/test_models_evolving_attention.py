@@ -1,0 +1,70 @@
+"""EA-AA-ResNets: released-code parameter counts, the chain through the model, and equivalence to the base model."""
+import pytest
+import timm
+import torch
+
+import timm_attnconv  # noqa: F401
+from timm_attnconv.layers import AAConv2d
+
+COUNTS = {'ea_aa_resnet50': (24_967_712, 11), 'ea_aa_resnet101': (43_440_728, 28),
+          'ea_aa_resnet152': (58_659_248, 45)}  # spec ea-wang.md §2.3, TF layout, 1000 classes
+
+
+@pytest.mark.parametrize('name', sorted(COUNTS))
+def test_parameter_counts_and_evolved_layers(name):
+    model = timm.create_model(name, device='meta')
+    assert (sum(p.numel() for p in model.parameters()), model.num_evolved) == COUNTS[name]
+
+
+def test_stage2_pooling_continues_the_chain_into_stage3():
+    model = timm.create_model('ea_aa_resnet50', device='meta')
+    evolving = [b.conv2.evolve is not None for s in (2, 3, 4) for b in getattr(model, f'layer{s}')]
+    # stage 2 (pooled to 14²): a new chain, then evolved; stage 3 (14²) continues; stage 4 (7²) restarts
+    assert evolving == [False, True, True, True] + [True] * 6 + [False, True, True]
+
+
+def _base_with_same_weights(ea_model):
+    base = timm.create_model('aa_resnet50', kappa=0.25, upsilon=0.125, min_dim_head_qk=1, qkv_bias=True,
+                             proj_bias=True, layers=(2, 2, 2, 2), zero_init_last=False).eval()
+    missing, unexpected = base.load_state_dict(ea_model.state_dict(), strict=False)
+    assert not missing and all('.evolve.' in k for k in unexpected)
+    return base
+
+
+def test_without_residual_and_conv_an_ea_model_is_its_base_model():
+    # zero_init_last=False: timm zero-initialises each block's last BN, which would make every block an identity
+    ea = timm.create_model('ea_aa_resnet50', layers=(2, 2, 2, 2), evolve_residual=0., evolve_conv_weight=0.,
+                           zero_init_last=False).eval()
+    base = _base_with_same_weights(ea)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+    released = timm.create_model('ea_aa_resnet50', layers=(2, 2, 2, 2), zero_init_last=False).eval()
+    released.load_state_dict(ea.state_dict())
+    with torch.no_grad():
+        assert (released(x) - base(x)).abs().max() > 1e-3  # with the released r, c the chain changes the output
+
+
+def test_chain_state_is_threaded_not_stored():
+    model = timm.create_model('ea_aa_resnet50', layers=(1, 2, 2, 1), num_classes=4, zero_init_last=False)
+    x = torch.randn(2, 3, 64, 64)
+    model.train()(x).sum().backward()
+    assert not [n for n, p in model.named_parameters() if p.grad is None]
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+        model.set_grad_checkpointing()
+        torch.testing.assert_close(model(x), ref)
+        final, inter = model.forward_intermediates(x)
+        torch.testing.assert_close(model.forward_head(final), ref)
+        assert len(inter) == 5
+    assert not any(isinstance(v, torch.Tensor) for m in model.modules() for v in vars(m).values())
+    assert all(isinstance(m.evolve, torch.nn.Module) or m.evolve is None
+               for m in model.modules() if isinstance(m, AAConv2d))
+
+
+def test_any_input_size_keeps_the_chain_shapes():
+    model = timm.create_model('ea_aa_resnet50', layers=(1, 1, 2, 2), num_classes=3).eval()
+    with torch.no_grad():
+        for size in ((97, 131), (40, 40)):
+            assert model(torch.randn(1, 3, *size)).shape == (1, 3)

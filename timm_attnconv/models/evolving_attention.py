@@ -1,0 +1,147 @@
+"""Evolving-attention AA-ResNets (Wang et al., "Evolving Attention with Residual Convolutions", ICML 2021).
+
+The released EA-AA-ResNet: AA-ResNet (Bello et al. 2019) with κ = 0.25, υ = 0.125, 8 heads, no key floor, biased
+1×1 qkv / output projections, AA on every Bottleneck 3×3 of stages 2–4 with stage 2's attention pooled to 14² so the
+chain runs on through stage 3; stage 4 (7²) starts a new chain. The chain state (the evolved logits) is an explicit
+argument of every block's forward pass, never module state, so gradient checkpointing, ``torch.compile``,
+``forward_intermediates`` and replication stay correct.
+"""
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import register_notrace_function
+from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models._features import feature_take_indices
+from timm.models.resnet import Bottleneck
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import AAConv2d, link_chain
+from ..pretrained import resolve_pretrained_kwargs
+from ._registry import register_model
+from .attn_augment import AAResNet, _cfg, checkpoint_filter_fn
+
+__all__ = ['EAAAResNet']
+
+
+@register_notrace_function  # one leaf call for FX: the chain's logits are not a feature to trace into
+def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
+    """timm's ``Bottleneck.forward`` with the AA convolution in chain mode: ``(x, prev) → (x, logits)``."""
+    shortcut = x
+    x = block.act1(block.bn1(block.conv1(x)))
+    x, logits = block.conv2.forward_chain(x, prev)
+    x = block.aa(block.act2(block.drop_block(block.bn2(x))))
+    x = block.bn3(block.conv3(x))
+    if block.se is not None:
+        x = block.se(x)
+    if block.drop_path is not None:
+        x = block.drop_path(x)
+    if block.downsample is not None:
+        shortcut = block.downsample(shortcut)
+    return block.act3(x + shortcut), logits
+
+
+class EAAAResNet(AAResNet):
+    """:class:`AAResNet` whose attention layers form evolving-attention chains.
+
+    Args:
+        evolve_residual: ``r``, the weight of the previous layer's logits (code ``beta``; 0.5 released).
+        evolve_conv_weight: ``c``, the weight of the convolution path (code ``alpha``; 1.0 released).
+        **kwargs: as :class:`AAResNet` (Bottleneck blocks only: the released code has no working BasicBlock EA).
+    """
+
+    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if any(not isinstance(b, Bottleneck) for s in self.aa_stages for b in getattr(self, f'layer{s}')):
+            raise ValueError('evolving attention is implemented for Bottleneck AA-ResNets (50/101/152)')
+        self.num_evolved = link_chain(
+            [m for m in self.modules() if isinstance(m, AAConv2d)], evolve_residual, evolve_conv_weight)
+
+    def _stage(self, index: int, x: torch.Tensor, prev: Optional[torch.Tensor]):
+        layer = getattr(self, f'layer{index}')
+        if index not in self.aa_stages:
+            x = layer(x)
+            return x, None  # a plain stage breaks the chain
+        for block in layer:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x, prev = checkpoint(_bottleneck_chain, block, x, prev, use_reentrant=False)
+            else:
+                x, prev = _bottleneck_chain(block, x, prev)
+        return x, prev
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
+        prev: Optional[torch.Tensor] = None
+        for index in range(1, 5):
+            x, prev = self._stage(index, x, prev)
+        return x
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """timm's ResNet ``forward_intermediates`` (stem activation, then the four stages) with the chain threaded."""
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(5, indices)
+        x = self.act1(self.bn1(self.conv1(x)))
+        intermediates = [x] if 0 in take_indices else []
+        x = self.maxpool(x)
+        prev: Optional[torch.Tensor] = None
+        for index in range(1, (max_index if stop_early else 4) + 1):
+            if not hasattr(self, f'layer{index}'):
+                break
+            x, prev = self._stage(index, x, prev)
+            if index in take_indices:
+                intermediates.append(x)
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+
+def _create_ea_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> EAAAResNet:
+    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
+    return build_model_with_cfg(EAAAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
+
+
+def _ea_cfg(note: str) -> Dict[str, Any]:
+    return _cfg(note, paper_ids='arXiv:2102.12895', paper_name='Evolving Attention with Residual Convolutions',
+                origin_url='https://arxiv.org/abs/2102.12895')
+
+
+default_cfgs = generate_default_cfgs({
+    'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
+                              '11 of 13 attention layers evolved; paper accuracy unverified'),
+    'ea_aa_resnet101': _ea_cfg('released layout: 43,440,728 params, 28 of 30 attention layers evolved'),
+    'ea_aa_resnet152': _ea_cfg('released layout: 58,659,248 params, 45 of 47 attention layers evolved'),
+})
+
+# the released code's AA settings (spec ea-wang.md §2.2): not the AA paper's κ = 0.2, υ = 0.1 with a 20-dim floor
+EA_AA_ARGS = dict(block=Bottleneck, num_heads=8, kappa=0.25, upsilon=0.125, min_dim_head_qk=1, qkv_bias=True,
+                  proj_bias=True, evolve_residual=0.5, evolve_conv_weight=1.0)
+
+
+@register_model
+def ea_aa_resnet50(pretrained: bool = False, **kwargs) -> EAAAResNet:
+    """EA-AA-ResNet-50 as released by Wang et al. (2021): r = 0.5, c = 1.0."""
+    model_args = dict(layers=(3, 4, 6, 3), **EA_AA_ARGS)
+    return _create_ea_aa_resnet('ea_aa_resnet50', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_aa_resnet101(pretrained: bool = False, **kwargs) -> EAAAResNet:
+    """EA-AA-ResNet-101 (as ``ea_aa_resnet50``, 3-4-23-3 blocks)."""
+    model_args = dict(layers=(3, 4, 23, 3), **EA_AA_ARGS)
+    return _create_ea_aa_resnet('ea_aa_resnet101', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_aa_resnet152(pretrained: bool = False, **kwargs) -> EAAAResNet:
+    """EA-AA-ResNet-152 (as ``ea_aa_resnet50``, 3-8-36-3 blocks)."""
+    model_args = dict(layers=(3, 8, 36, 3), **EA_AA_ARGS)
+    return _create_ea_aa_resnet('ea_aa_resnet152', pretrained, **dict(model_args, **kwargs))
