@@ -68,3 +68,14 @@ def test_any_input_size_keeps_the_chain_shapes():
     with torch.no_grad():
         for size in ((97, 131), (40, 40)):
             assert model(torch.randn(1, 3, *size)).shape == (1, 3)
+
+
+def test_evolve_false_is_the_base_model_for_benchmarks():
+    plain = timm.create_model('ea_aa_resnet50', layers=(1, 1, 1, 1), evolve=False, zero_init_last=False).eval()
+    assert plain.num_evolved == 0 and not any(m.evolve for m in plain.modules() if isinstance(m, AAConv2d))
+    aa = timm.create_model('aa_resnet50', kappa=0.25, upsilon=0.125, min_dim_head_qk=1, qkv_bias=True,
+                           proj_bias=True, layers=(1, 1, 1, 1)).eval()
+    aa.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), aa(x))

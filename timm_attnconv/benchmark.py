@@ -13,6 +13,7 @@ and the ratios (memory: peak tensor allocations of one forward pass). Run::
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
     python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
+    python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -125,6 +126,7 @@ def compare_paths(
 
 def compare_models(
         name: str, baseline: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
+        baseline_kwargs: Optional[Dict[str, object]] = None,
 ) -> Dict[str, object]:
     """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``)."""
     import timm
@@ -132,8 +134,8 @@ def compare_models(
     dev = torch.device(device)
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
     rows = {}
-    for key, model_name in (('model', name), ('baseline', baseline)):
-        rows[key] = _run(timm.create_model(model_name).eval().to(dev), x, iters)
+    for key, model_name, kwargs in (('model', name, {}), ('baseline', baseline, baseline_kwargs or {})):
+        rows[key] = _run(timm.create_model(model_name, **kwargs).eval().to(dev), x, iters)
     return dict(
         name=name, baseline=baseline, img_size=img_size, batch=batch_size,
         img_s=rows['model']['img_s'], baseline_img_s=rows['baseline']['img_s'],
@@ -213,7 +215,8 @@ def _versus(pairs: Sequence[str], args: argparse.Namespace) -> List[Dict[str, ob
         if not baseline:
             raise ValueError(f'--versus takes MODEL:BASELINE pairs, got {pair!r}')
         for size in args.sizes:
-            r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device)
+            r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device,
+                               args.baseline_kwargs)
             print(f"{name:22s} {baseline:12s} {size:4d} {r['batch']:5d} {r['img_s']:8.2f} {r['baseline_img_s']:10.2f} "
                   f"{r['time_ratio']:6.2f}x {r['peak_mb']:8.1f} {r['baseline_peak_mb']:8.1f} {r['memory_ratio']:6.2f}x",
                   flush=True)
@@ -241,6 +244,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--versus', nargs='*', default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
+    parser.add_argument('--baseline-kwargs', type=json.loads, default=None,
+                        help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for an EA model\'s base')
     parser.add_argument('--bf16-images', type=int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)

@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import register_notrace_function
 from timm.models import build_model_with_cfg, generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import Bottleneck
@@ -24,7 +23,6 @@ from .attn_augment import AAResNet, _cfg, checkpoint_filter_fn
 __all__ = ['EAAAResNet']
 
 
-@register_notrace_function  # one leaf call for FX: the chain's logits are not a feature to trace into
 def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
     """timm's ``Bottleneck.forward`` with the AA convolution in chain mode: ``(x, prev) → (x, logits)``."""
     shortcut = x
@@ -41,21 +39,27 @@ def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.T
     return block.act3(x + shortcut), logits
 
 
+torch.fx.wrap('_bottleneck_chain')  # one leaf call for FX (timm's notrace list wraps only the root module's globals)
+
+
 class EAAAResNet(AAResNet):
     """:class:`AAResNet` whose attention layers form evolving-attention chains.
 
     Args:
         evolve_residual: ``r``, the weight of the previous layer's logits (code ``beta``; 0.5 released).
         evolve_conv_weight: ``c``, the weight of the convolution path (code ``alpha``; 1.0 released).
+        evolve: link the chains; ``False`` builds the base AA-ResNet with the same settings (for comparisons).
         **kwargs: as :class:`AAResNet` (Bottleneck blocks only: the released code has no working BasicBlock EA).
     """
 
-    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0, **kwargs: Any):
+    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0,
+                 evolve: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if any(not isinstance(b, Bottleneck) for s in self.aa_stages for b in getattr(self, f'layer{s}')):
             raise ValueError('evolving attention is implemented for Bottleneck AA-ResNets (50/101/152)')
-        self.num_evolved = link_chain(
-            [m for m in self.modules() if isinstance(m, AAConv2d)], evolve_residual, evolve_conv_weight)
+        self.evolve = evolve
+        self.num_evolved = link_chain([m for m in self.modules() if isinstance(m, AAConv2d)], evolve_residual,
+                                      evolve_conv_weight) if evolve else 0
 
     def _stage(self, index: int, x: torch.Tensor, prev: Optional[torch.Tensor]):
         layer = getattr(self, f'layer{index}')
@@ -70,6 +74,8 @@ class EAAAResNet(AAResNet):
         return x, prev
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.evolve:
+            return super().forward_features(x)
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
         prev: Optional[torch.Tensor] = None
         for index in range(1, 5):
@@ -86,6 +92,8 @@ class EAAAResNet(AAResNet):
             intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """timm's ResNet ``forward_intermediates`` (stem activation, then the four stages) with the chain threaded."""
+        if not self.evolve:
+            return super().forward_intermediates(x, indices, norm, stop_early, output_fmt, intermediates_only)
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(5, indices)
