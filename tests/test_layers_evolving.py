@@ -35,7 +35,7 @@ def _aa(grid, heads=2):
 
 def test_chain_rules():
     layers = [_aa((4, 4)), _aa((4, 4)), _aa((2, 2)), _aa((2, 2)), _aa((2, 2))]
-    assert link_chain(layers) == 3
+    assert link_chain(layers, [layer.attn_grid for layer in layers]) == 3
     assert [layer.evolve is None for layer in layers] == [True, False, True, False, False]  # new shape: new chain
     x = torch.randn(1, 8, 4, 4)
     out, logits = layers[0].forward_chain(x, None)
@@ -49,6 +49,6 @@ def test_chain_rules():
 
 def test_incompatible_chains_fail_at_construction():
     with pytest.raises(ValueError, match='2 and 4 heads'):
-        link_chain([_aa((4, 4), heads=2), _aa((4, 4), heads=4)])
+        link_chain([_aa((4, 4), heads=2), _aa((4, 4), heads=4)], [(4, 4), (4, 4)])
     with pytest.raises(ValueError, match='evolve_residual must be in'):
         AttentionEvolution(2, evolve_residual=1.5)

@@ -79,3 +79,28 @@ def test_evolve_false_is_the_base_model_for_benchmarks():
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(plain(x), aa(x))
+
+
+def test_ea_on_the_sa_content_model():
+    assert _count_params('ea_sa_learned_content_cifar') == 29_484_282 + 5 * (9 * 9 * 9 + 9)  # base + 5 EA convs
+    kwargs = dict(embed_dim=32, mlp_dim=48, depth=3)
+    ea = timm.create_model('ea_sa_learned_content_cifar', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    base = timm.create_model('sa_learned_content_cifar', **kwargs).eval()
+    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
+    assert not missing and all('.evolve.' in k for k in unexpected)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+        released = timm.create_model('ea_sa_learned_content_cifar', **kwargs).eval()
+        released.load_state_dict(ea.state_dict())
+        assert (released(x) - base(x)).abs().max() > 1e-4
+        ref = released(x)
+        released.set_grad_checkpointing()
+        torch.testing.assert_close(released(x), ref)
+        torch.testing.assert_close(released.forward_head(released.forward_intermediates(x)[0]), ref)
+    with pytest.raises(ValueError, match='9 and 8 heads'):
+        timm.create_model('ea_sa_learned_content_cifar', num_heads=(9, 8, 9, 9, 9, 9), device='meta')
+
+
+def _count_params(name, **kwargs):
+    return sum(p.numel() for p in timm.create_model(name, device='meta', **kwargs).parameters())

@@ -12,7 +12,7 @@ paper's α/β naming is not used because its mapping to the code is unverified, 
 ImageNet values: r = 0.5, c = 1.0. A layer without a predecessor of the same map shape starts a new chain (L = S) and
 owns no convolution; :func:`link_chain` decides that at construction.
 """
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -50,19 +50,23 @@ class AttentionEvolution(nn.Module):
         return self.evolve_conv_weight * evolved + (1. - self.evolve_conv_weight) * mixed
 
 
-def link_chain(layers: Sequence[nn.Module], evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0) -> int:
+def link_chain(layers: Sequence[nn.Module], grids: Sequence[Tuple[int, int]], evolve_residual: float = 0.5,
+               evolve_conv_weight: float = 1.0) -> int:
     """Give each attention layer whose predecessor has the same map shape an :class:`AttentionEvolution`.
 
-    ``layers`` are in forward order and expose ``num_heads``, ``attn_grid`` (the map side at the default input size)
-    and an ``evolve`` attribute. Returns the number of evolved layers. Consecutive layers with the same map but
-    different head counts cannot be chained (the convolution maps H heads to H heads) and raise ``ValueError``.
+    ``layers`` are in forward order, expose ``num_heads`` and an ``evolve`` attribute; ``grids`` are their attention
+    grids at the model's default input size. Returns the number of evolved layers. Consecutive layers with the same
+    map but different head counts cannot be chained (the convolution maps H heads to H heads): ``ValueError``.
     """
+    if len(grids) != len(layers):
+        raise ValueError(f'{len(layers)} layers but {len(grids)} grids')
     evolved = 0
-    for index, (prev, layer) in enumerate(zip(layers[:-1], layers[1:]), start=1):
-        if tuple(prev.attn_grid) != tuple(layer.attn_grid):
+    for index in range(1, len(layers)):
+        prev, layer = layers[index - 1], layers[index]
+        if tuple(grids[index - 1]) != tuple(grids[index]):
             continue  # another map shape: this layer starts a new chain
         if prev.num_heads != layer.num_heads:
-            raise ValueError(f'attention layers {index - 1} and {index} share a {tuple(layer.attn_grid)} map but have '
+            raise ValueError(f'attention layers {index - 1} and {index} share a {tuple(grids[index])} map but have '
                              f'{prev.num_heads} and {layer.num_heads} heads: evolving attention needs equal heads '
                              f'along a chain')
         ref = next(layer.parameters())

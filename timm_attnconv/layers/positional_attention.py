@@ -103,6 +103,7 @@ class PositionalSelfAttention(nn.Module):
         self.proj_heads = nn.Linear(num_heads * dim, dim, **dd)
         self.proj = nn.Linear(dim, dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
 
     def _use_separable(self) -> bool:
         if not self.separable or self.attn_path == 'dense':
@@ -177,6 +178,22 @@ class PositionalSelfAttention(nn.Module):
                 out = self.attn_drop(probs) @ values
             out = out.transpose(1, 2)
         return self.proj_heads(out.reshape(batch, height, width, self.num_heads * dim))
+
+    def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Forward pass inside an evolving-attention chain (Wang et al. 2021): ``(output, logits to hand on)``.
+
+        Runs the dense algorithm (the maps must exist to be evolved); without ``self.evolve`` the layer starts a
+        chain and ignores ``prev``.
+        """
+        batch, height, width, dim = x.shape
+        logits = self.attention_logits(x)
+        logits = logits.expand(batch, -1, -1, -1)  # position-only maps are shared by the batch; a chain is per image
+        if self.evolve is not None:
+            logits = self.evolve(logits, prev)
+        probs = self.attn_drop(logits.softmax(dim=-1).to(x.dtype))
+        heads = (probs @ x.reshape(batch, 1, height * width, dim)).transpose(1, 2)  # (B, N, heads, D)
+        out = self.proj_heads(heads.reshape(batch, height, width, self.num_heads * dim))
+        return self.proj_drop(self.proj(out)), logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(B, H, W, D)`` tokens → ``(B, H, W, D)``."""

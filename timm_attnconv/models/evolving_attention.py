@@ -1,4 +1,5 @@
-"""Evolving-attention AA-ResNets (Wang et al., "Evolving Attention with Residual Convolutions", ICML 2021).
+"""Evolving attention (Wang et al., "Evolving Attention with Residual Convolutions", ICML 2021) on the package's
+attention families: the released EA-AA-ResNets, and EA on the Cordonnier et al. content model (an extension).
 
 The released EA-AA-ResNet: AA-ResNet (Bello et al. 2019) with κ = 0.25, υ = 0.125, 8 heads, no key floor, biased
 1×1 qkv / output projections, AA on every Bottleneck 3×3 of stages 2–4 with stage 2's attention pooled to 14² so the
@@ -19,8 +20,10 @@ from ..layers import AAConv2d, link_chain
 from ..pretrained import resolve_pretrained_kwargs
 from ._registry import register_model
 from .attn_augment import AAResNet, _cfg, checkpoint_filter_fn
+from .sa_cordonnier import TINY_ARGS, PostNormBlock, SelfAttentionNet, _create_sa
+from .sa_cordonnier import _cfg as _sa_cfg
 
-__all__ = ['EAAAResNet']
+__all__ = ['EAAAResNet', 'EASelfAttentionNet']
 
 
 def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
@@ -42,6 +45,67 @@ def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.T
 torch.fx.wrap('_bottleneck_chain')  # one leaf call for FX (timm's notrace list wraps only the root module's globals)
 
 
+def _post_norm_chain(block: PostNormBlock, x: torch.Tensor, prev: Optional[torch.Tensor]):
+    """``PostNormBlock.forward`` with the attention in chain mode: ``(x, prev) → (x, logits)``."""
+    attn, logits = block.attn.forward_chain(x, prev)
+    x = block.norm1(x + block.drop_path1(attn))
+    return block.norm2(x + block.drop_path2(block.mlp(x))), logits
+
+
+torch.fx.wrap('_post_norm_chain')
+
+
+class EASelfAttentionNet(SelfAttentionNet):
+    """:class:`SelfAttentionNet` whose layers form one evolving-attention chain (all maps are ``(H·W)²``).
+
+    Args:
+        evolve_residual, evolve_conv_weight: ``r`` and ``c`` of :class:`AttentionEvolution` (0.5, 1.0 released).
+        img_size: default input size (the attention grid of every layer; all layers share it).
+        **kwargs: as :class:`SelfAttentionNet`. Per-layer head counts must be equal (a chain maps H heads to H).
+    """
+
+    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0,
+                 img_size: int = 32, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        grid = (img_size // self.patch_size,) * 2
+        layers = [block.attn for block in self.blocks]
+        self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
+
+    def _blocks(self, x: torch.Tensor, take_indices: Optional[List[int]] = None, stop: Optional[int] = None):
+        intermediates, prev = [], None
+        for index, block in enumerate(self.blocks if stop is None else self.blocks[:stop + 1]):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x, prev = checkpoint(_post_norm_chain, block, x, prev, use_reentrant=False)
+            else:
+                x, prev = _post_norm_chain(block, x, prev)
+            if take_indices is not None and index in take_indices:
+                intermediates.append(x)
+        return x, intermediates
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self._blocks(self._embed(x))[0].permute(0, 3, 1, 2)
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """As :meth:`SelfAttentionNet.forward_intermediates`, with the chain threaded through the layers."""
+        if output_fmt not in ('NCHW', 'NHWC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x, intermediates = self._blocks(self._embed(x), take_indices, max_index if stop_early else None)
+        if output_fmt == 'NCHW':
+            intermediates = [t.permute(0, 3, 1, 2) for t in intermediates]
+        if intermediates_only:
+            return intermediates
+        return x.permute(0, 3, 1, 2), intermediates
+
+
 class EAAAResNet(AAResNet):
     """:class:`AAResNet` whose attention layers form evolving-attention chains.
 
@@ -58,7 +122,8 @@ class EAAAResNet(AAResNet):
         if any(not isinstance(b, Bottleneck) for s in self.aa_stages for b in getattr(self, f'layer{s}')):
             raise ValueError('evolving attention is implemented for Bottleneck AA-ResNets (50/101/152)')
         self.evolve = evolve
-        self.num_evolved = link_chain([m for m in self.modules() if isinstance(m, AAConv2d)], evolve_residual,
+        layers = [m for m in self.modules() if isinstance(m, AAConv2d)]
+        self.num_evolved = link_chain(layers, [layer.attn_grid for layer in layers], evolve_residual,
                                       evolve_conv_weight) if evolve else 0
 
     def _stage(self, index: int, x: torch.Tensor, prev: Optional[torch.Tensor]):
@@ -122,7 +187,13 @@ def _ea_cfg(note: str) -> Dict[str, Any]:
                 origin_url='https://arxiv.org/abs/2102.12895')
 
 
+EA_SA_NOTE = ('extension: evolving attention (Wang et al. 2021) on the Cordonnier et al. content model; none of '
+              'the papers trained it')
+
 default_cfgs = generate_default_cfgs({
+    'ea_sa_learned_content_cifar': _sa_cfg(notes=(EA_SA_NOTE,), paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
+    'ea_sa_learned_content_tiny_cifar': _sa_cfg(notes=(EA_SA_NOTE, 'compact CPU-trainable twin, D=64'),
+                                               paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
     'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
                               '11 of 13 attention layers evolved; paper accuracy unverified'),
     'ea_aa_resnet101': _ea_cfg('released layout: 43,440,728 params, 28 of 30 attention layers evolved'),
@@ -153,3 +224,20 @@ def ea_aa_resnet152(pretrained: bool = False, **kwargs) -> EAAAResNet:
     """EA-AA-ResNet-152 (as ``ea_aa_resnet50``, 3-8-36-3 blocks)."""
     model_args = dict(layers=(3, 8, 36, 3), **EA_AA_ARGS)
     return _create_ea_aa_resnet('ea_aa_resnet152', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_sa_learned_content_cifar(pretrained: bool = False, **kwargs) -> EASelfAttentionNet:
+    """``sa_learned_content_cifar`` (q·r) with evolving attention across its 6 layers (r = 0.5, c = 1.0)."""
+    model_args = dict(pos_encoding='learned', content=True, evolve_residual=0.5, evolve_conv_weight=1.0)
+    return _create_sa('ea_sa_learned_content_cifar', pretrained, model_cls=EASelfAttentionNet,
+                      **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_sa_learned_content_tiny_cifar(pretrained: bool = False, **kwargs) -> EASelfAttentionNet:
+    """``sa_learned_content_tiny_cifar`` with evolving attention (the compact EA twin for CPU training)."""
+    model_args = dict(pos_encoding='learned', content=True, evolve_residual=0.5, evolve_conv_weight=1.0,
+                      **TINY_ARGS)
+    return _create_sa('ea_sa_learned_content_tiny_cifar', pretrained, model_cls=EASelfAttentionNet,
+                      **dict(model_args, **kwargs))

@@ -366,12 +366,13 @@ def _original_layer_key(name: str, query_position: bool) -> str:
     return f'{_ORIGINAL_LAYER_KEYS[prefix]}.{param}'
 
 
-def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+def _create_sa(variant: str, pretrained: bool = False, model_cls: type = SelfAttentionNet,
+               **kwargs) -> SelfAttentionNet:
     kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
     feature_cfg = dict(out_indices=kwargs.pop('out_indices', kwargs.get('depth', 6)), feature_cls='getter')
     feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
     return build_model_with_cfg(
-        SelfAttentionNet,
+        model_cls,
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
