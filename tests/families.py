@@ -13,6 +13,7 @@ SMALL_BY_NAME = {
     'aa_wide_resnet28_10_cifar': (dict(depths=(1, 1, 1), widths=(80, 80, 96)), 32),
     'aa_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
     'attnconv_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
+    'ea_aa_resnet20_cifar': (dict(depths=(1, 2, 2)), 32),
     'ea_sa_learned_content_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
     'ea_sa_learned_content_tiny_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
 }

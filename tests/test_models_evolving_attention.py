@@ -104,3 +104,15 @@ def test_ea_on_the_sa_content_model():
 
 def _count_params(name, **kwargs):
     return sum(p.numel() for p in timm.create_model(name, device='meta', **kwargs).parameters())
+
+
+def test_ea_cifar_twin_chains_within_each_stage():
+    ea = timm.create_model('ea_aa_resnet20_cifar', evolve_residual=0., evolve_conv_weight=0.).eval()
+    assert ea.num_evolved == 4 and _count_params('ea_aa_resnet20_cifar') == 263_178 + 4 * (4 * 4 * 9 + 4)
+    assert [b.conv1.evolve is not None for s in ea.stages[1:] for b in s] == [False, True, True] * 2
+    base = timm.create_model('aa_resnet20_cifar').eval()
+    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
+    assert not missing and all('.evolve.' in k for k in unexpected)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)

@@ -110,10 +110,20 @@ class CifarBlock(nn.Module):
         return F.pad(x, (0, 0, 0, 0, 0, self.extra_chs)) if self.extra_chs > 0 else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._rest(x, self.conv1(self._conv1_input(x)))
+
+    def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The block inside an evolving-attention chain (its first conv an :class:`AAConv2d`)."""
+        out, logits = self.conv1.forward_chain(self._conv1_input(x), prev)
+        return self._rest(x, out), logits
+
+    def _conv1_input(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn1(x)) if self.preact else x
+
+    def _rest(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.preact:
-            out = self.conv1(F.relu(self.bn1(x)))
             return self.conv2(self.drop(F.relu(self.bn2(out)))) + self.shortcut(x)
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn1(out))
         return F.relu(self.bn2(self.conv2(self.drop(out))) + self.shortcut(x))
 
 
@@ -273,11 +283,12 @@ def _create_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> AARes
     return build_model_with_cfg(AAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
 
 
-def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> CifarResNet:
+def _create_cifar_resnet(variant: str, pretrained: bool = False, model_cls: type = CifarResNet,
+                         **kwargs) -> CifarResNet:
     kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
     feature_cfg = dict(out_indices=kwargs.pop('out_indices', (0, 1, 2)), feature_cls='getter')
     feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
-    return build_model_with_cfg(CifarResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+    return build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
                                 feature_cfg=feature_cfg, **kwargs)
 
 

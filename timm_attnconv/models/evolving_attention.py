@@ -19,11 +19,11 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import AAConv2d, link_chain
 from ..pretrained import resolve_pretrained_kwargs
 from ._registry import register_model
-from .attn_augment import AAResNet, _cfg, checkpoint_filter_fn
-from .sa_cordonnier import TINY_ARGS, PostNormBlock, SelfAttentionNet, _create_sa
+from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
+from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa
 from .sa_cordonnier import _cfg as _sa_cfg
 
-__all__ = ['EAAAResNet', 'EASelfAttentionNet']
+__all__ = ['EAAAResNet', 'EACifarResNet', 'EASelfAttentionNet', 'chain_step', 'run_chain']
 
 
 def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
@@ -42,17 +42,28 @@ def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.T
     return block.act3(x + shortcut), logits
 
 
-torch.fx.wrap('_bottleneck_chain')  # one leaf call for FX (timm's notrace list wraps only the root module's globals)
+def chain_step(block: nn.Module, x: torch.Tensor, prev: Optional[torch.Tensor]):
+    """One block in chain mode: our blocks have ``forward_chain``; timm's Bottleneck gets the function above."""
+    if isinstance(block, Bottleneck):
+        return _bottleneck_chain(block, x, prev)
+    return block.forward_chain(x, prev)
 
 
-def _post_norm_chain(block: PostNormBlock, x: torch.Tensor, prev: Optional[torch.Tensor]):
-    """``PostNormBlock.forward`` with the attention in chain mode: ``(x, prev) → (x, logits)``."""
-    attn, logits = block.attn.forward_chain(x, prev)
-    x = block.norm1(x + block.drop_path1(attn))
-    return block.norm2(x + block.drop_path2(block.mlp(x))), logits
+torch.fx.wrap('chain_step')  # one leaf call for FX (timm's notrace list wraps only the root module's globals)
 
 
-torch.fx.wrap('_post_norm_chain')
+def run_chain(blocks, x: torch.Tensor, prev: Optional[torch.Tensor], checkpointing: bool = False,
+              take_indices: Optional[List[int]] = None, offset: int = 0):
+    """Run ``blocks`` threading the chain state; returns ``(x, prev, outputs of blocks offset+i in take_indices)``."""
+    intermediates = []
+    for index, block in enumerate(blocks):
+        if checkpointing:
+            x, prev = checkpoint(chain_step, block, x, prev, use_reentrant=False)
+        else:
+            x, prev = chain_step(block, x, prev)
+        if take_indices is not None and offset + index in take_indices:
+            intermediates.append(x)
+    return x, prev, intermediates
 
 
 class EASelfAttentionNet(SelfAttentionNet):
@@ -71,19 +82,8 @@ class EASelfAttentionNet(SelfAttentionNet):
         layers = [block.attn for block in self.blocks]
         self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
 
-    def _blocks(self, x: torch.Tensor, take_indices: Optional[List[int]] = None, stop: Optional[int] = None):
-        intermediates, prev = [], None
-        for index, block in enumerate(self.blocks if stop is None else self.blocks[:stop + 1]):
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x, prev = checkpoint(_post_norm_chain, block, x, prev, use_reentrant=False)
-            else:
-                x, prev = _post_norm_chain(block, x, prev)
-            if take_indices is not None and index in take_indices:
-                intermediates.append(x)
-        return x, intermediates
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self._blocks(self._embed(x))[0].permute(0, 3, 1, 2)
+        return run_chain(self.blocks, self._embed(x), None, self.grad_checkpointing)[0].permute(0, 3, 1, 2)
 
     def forward_intermediates(
             self,
@@ -98,7 +98,8 @@ class EASelfAttentionNet(SelfAttentionNet):
         if output_fmt not in ('NCHW', 'NHWC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        x, intermediates = self._blocks(self._embed(x), take_indices, max_index if stop_early else None)
+        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
+        x, _, intermediates = run_chain(blocks, self._embed(x), None, self.grad_checkpointing, take_indices)
         if output_fmt == 'NCHW':
             intermediates = [t.permute(0, 3, 1, 2) for t in intermediates]
         if intermediates_only:
@@ -129,13 +130,8 @@ class EAAAResNet(AAResNet):
     def _stage(self, index: int, x: torch.Tensor, prev: Optional[torch.Tensor]):
         layer = getattr(self, f'layer{index}')
         if index not in self.aa_stages:
-            x = layer(x)
-            return x, None  # a plain stage breaks the chain
-        for block in layer:
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x, prev = checkpoint(_bottleneck_chain, block, x, prev, use_reentrant=False)
-            else:
-                x, prev = _bottleneck_chain(block, x, prev)
+            return layer(x), None  # a plain stage breaks the chain
+        x, prev, _ = run_chain(layer, x, prev, self.grad_checkpointing)
         return x, prev
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -177,6 +173,48 @@ class EAAAResNet(AAResNet):
         return x, intermediates
 
 
+class EACifarResNet(CifarResNet):
+    """:class:`CifarResNet` whose attention layers form evolving-attention chains (one per stage: the grid halves)."""
+
+    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        layers = [m for m in self.modules() if isinstance(m, AAConv2d)]
+        self.num_evolved = link_chain(layers, [layer.attn_grid for layer in layers], evolve_residual,
+                                      evolve_conv_weight)
+
+    def _stages(self, x: torch.Tensor, take_indices: Optional[List[int]] = None, stop: Optional[int] = None):
+        x = self.act1(self.bn1(self.conv1(x)))
+        prev: Optional[torch.Tensor] = None
+        intermediates = []
+        for index, stage in enumerate(self.stages if stop is None else self.stages[:stop + 1]):
+            if any(isinstance(block.conv1, AAConv2d) for block in stage):
+                x, prev, _ = run_chain(stage, x, prev, self.grad_checkpointing)
+            else:
+                x, prev = stage(x), None  # a plain stage breaks the chain
+            if take_indices is not None and index in take_indices:
+                intermediates.append(x)
+        return self.norm(x), intermediates
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self._stages(x)[0]
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """As :meth:`CifarResNet.forward_intermediates`, with the chains threaded."""
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        x, intermediates = self._stages(x, take_indices, max_index if stop_early else None)
+        return intermediates if intermediates_only else (x, intermediates)
+
+
 def _create_ea_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> EAAAResNet:
     kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
     return build_model_with_cfg(EAAAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
@@ -194,6 +232,9 @@ default_cfgs = generate_default_cfgs({
     'ea_sa_learned_content_cifar': _sa_cfg(notes=(EA_SA_NOTE,), paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
     'ea_sa_learned_content_tiny_cifar': _sa_cfg(notes=(EA_SA_NOTE, 'compact CPU-trainable twin, D=64'),
                                                paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
+    'ea_aa_resnet20_cifar': _cifar_cfg(
+        'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage, for CPU training',
+        paper_ids='arXiv:1904.09925,arXiv:2102.12895'),
     'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
                               '11 of 13 attention layers evolved; paper accuracy unverified'),
     'ea_aa_resnet101': _ea_cfg('released layout: 43,440,728 params, 28 of 30 attention layers evolved'),
@@ -241,3 +282,12 @@ def ea_sa_learned_content_tiny_cifar(pretrained: bool = False, **kwargs) -> EASe
                       **TINY_ARGS)
     return _create_sa('ea_sa_learned_content_tiny_cifar', pretrained, model_cls=EASelfAttentionNet,
                       **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_aa_resnet20_cifar(pretrained: bool = False, **kwargs) -> EACifarResNet:
+    """``aa_resnet20_cifar`` with evolving attention within stages 2 and 3 (the compact EA twin for CPU training)."""
+    model_args = dict(RESNET20, aa_stages=(2, 3), num_heads=4, kappa=0.5, upsilon=0.25, min_dim_head_qk=8,
+                      evolve_residual=0.5, evolve_conv_weight=1.0)
+    return _create_cifar_resnet('ea_aa_resnet20_cifar', pretrained, model_cls=EACifarResNet,
+                                **dict(model_args, **kwargs))

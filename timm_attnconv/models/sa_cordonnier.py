@@ -95,7 +95,15 @@ class PostNormBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.drop_path1(self.attn(x)))
+        return self._rest(x, self.attn(x))
+
+    def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The block inside an evolving-attention chain: ``(x, prev logits) → (x, logits)``."""
+        attn, logits = self.attn.forward_chain(x, prev)
+        return self._rest(x, attn), logits
+
+    def _rest(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.drop_path1(attn))
         return self.norm2(x + self.drop_path2(self.mlp(x)))
 
 
