@@ -23,7 +23,9 @@ def _flop_counter_macs(model, x):
 def test_fvcore_matches_flop_counter_mode(name, attn_path):
     model = timm.create_model(name, **small_kwargs(name)).eval()
     set_attn_path(model, attn_path)
-    x = torch.randn(1, 3, test_size(name) - 8, test_size(name) + 8)
+    size = test_size(name)
+    fixed = model.pretrained_cfg.get('fixed_input_size')  # absolute position embeddings (ViT): square input only
+    x = torch.randn(1, 3, size if fixed else size - 8, size if fixed else size + 8)
     by_op = count_macs(model, x, by_operator=True)
     # FlopCounterMode counts matrix products and convolutions only; fvcore adds norms, pooling and resizing
     others = ('layer_norm', 'batch_norm', 'adaptive_avg_pool2d', 'upsample_bilinear2d')

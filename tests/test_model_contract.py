@@ -19,7 +19,7 @@ from .families import FAMILY, scriptable, small_kwargs, test_size
 
 MODELS = timm_attnconv.list_models()
 # full-size forward passes that take tens of seconds on 2 cores: run with -m slow
-HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152'}
+HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152', 'ea_deit_small_patch16_224'}
 
 
 def _input(model, batch=2):
@@ -44,21 +44,28 @@ def test_default_cfg_consistent(name):
     cfg = model.pretrained_cfg
     state_dict = model.state_dict()
     x = _input(model, 1)
+    # token models (ViT) have no pool_size: their features are (B, tokens, C)
+    spatial = tuple(cfg['pool_size']) if cfg.get('pool_size') else None
     with torch.no_grad():
         features = model.forward_features(x)
-        assert features.shape[1] == model.num_features and tuple(features.shape[-2:]) == tuple(cfg['pool_size'])
+        if spatial:
+            assert features.shape[1] == model.num_features and tuple(features.shape[-2:]) == spatial
+        else:
+            assert features.shape[-1] == model.num_features
         assert model.forward_head(features, pre_logits=True).shape == (1, model.head_hidden_size)
         assert model(x).shape == (1, cfg['num_classes'])
         model.reset_classifier(0)
         assert model.num_classes == 0 and model(x).shape == (1, model.head_hidden_size)
-        model.reset_classifier(0, '')
-        assert tuple(model(x).shape) == (1, model.num_features, *cfg['pool_size'])
-    unpooled = timm.create_model(name, num_classes=0, global_pool='', **small_kwargs(name)).eval()
-    with torch.no_grad():
-        assert tuple(unpooled(x).shape) == (1, unpooled.num_features, *cfg['pool_size'])
+        if spatial:
+            model.reset_classifier(0, '')
+            assert tuple(model(x).shape) == (1, model.num_features, *spatial)
+    if spatial:
+        unpooled = timm.create_model(name, num_classes=0, global_pool='', **small_kwargs(name)).eval()
+        with torch.no_grad():
+            assert tuple(unpooled(x).shape) == (1, unpooled.num_features, *spatial)
     for key in ('classifier', 'first_conv'):
         assert cfg[key] + '.weight' in state_dict
-    for key in ('num_classes', 'input_size', 'pool_size', 'crop_pct', 'interpolation', 'mean', 'std', 'license',
+    for key in ('num_classes', 'input_size', 'crop_pct', 'interpolation', 'mean', 'std', 'license',
                 'paper_ids', 'origin_url'):
         assert cfg.get(key) is not None, key
 

@@ -116,3 +116,23 @@ def test_ea_cifar_twin_chains_within_each_stage():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name,base,convs', [('ea_deit_tiny_patch16_224', 'deit_tiny_patch16_224', 3 * 3 * 9 + 3),
+                                            ('ea_deit_small_patch16_224', 'deit_small_patch16_224', 6 * 6 * 9 + 6)])
+def test_ea_deit_is_timm_deit_plus_eleven_evolution_convs(name, base, convs):
+    assert _count_params(name) == _count_params(base) + 11 * convs
+
+
+def test_ea_deit_without_residual_and_conv_is_timm_deit():
+    kwargs = dict(depth=3)
+    ea = timm.create_model('ea_deit_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
+    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
+    assert not missing and all('.evolve.' in k for k in unexpected)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+        final, inter = ea.forward_intermediates(x, indices=[0, 2])
+        assert [t.shape for t in inter] == [(1, 192, 14, 14)] * 2
+        torch.testing.assert_close(ea.forward_head(final), ea(x))

@@ -14,6 +14,8 @@ import torch.nn as nn
 from timm.models import build_model_with_cfg, generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import Bottleneck
+from timm.models.vision_transformer import Block, VisionTransformer
+from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import AAConv2d, link_chain
@@ -23,7 +25,7 @@ from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _cr
 from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa
 from .sa_cordonnier import _cfg as _sa_cfg
 
-__all__ = ['EAAAResNet', 'EACifarResNet', 'EASelfAttentionNet', 'chain_step', 'run_chain']
+__all__ = ['EAAAResNet', 'EACifarResNet', 'EASelfAttentionNet', 'EAVisionTransformer', 'chain_step', 'run_chain']
 
 
 def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
@@ -42,10 +44,31 @@ def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.T
     return block.act3(x + shortcut), logits
 
 
+def _vit_block_chain(block: Block, x: torch.Tensor, prev: Optional[torch.Tensor]):
+    """timm's ViT ``Block.forward`` with its ``Attention`` in chain mode (explicit maps, class token included)."""
+    attn = block.attn
+    y = block.norm1(x)
+    batch, tokens, _ = y.shape
+    q, k, v = attn.qkv(y).reshape(batch, tokens, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    logits = (q * attn.scale) @ k.transpose(-2, -1)
+    evolve = getattr(attn, 'evolve', None)  # timm's Attention has no such attribute unless link_chain gave it one
+    if evolve is not None:
+        logits = evolve(logits, prev)
+    y = (attn.attn_drop(logits.softmax(dim=-1)) @ v).transpose(1, 2).reshape(batch, tokens, attn.attn_dim)
+    y = attn.norm(y)
+    if attn.gate is not None:
+        y = y * attn.gate(block.norm1(x)).sigmoid()
+    x = x + block.drop_path1(block.ls1(attn.proj_drop(attn.proj(y))))
+    return x + block.drop_path2(block.ls2(block.mlp(block.norm2(x)))), logits
+
+
 def chain_step(block: nn.Module, x: torch.Tensor, prev: Optional[torch.Tensor]):
-    """One block in chain mode: our blocks have ``forward_chain``; timm's Bottleneck gets the function above."""
+    """One block in chain mode: our blocks have ``forward_chain``; timm's Bottleneck and ViT Block get a function."""
     if isinstance(block, Bottleneck):
         return _bottleneck_chain(block, x, prev)
+    if isinstance(block, Block):
+        return _vit_block_chain(block, x, prev)
     return block.forward_chain(x, prev)
 
 
@@ -215,6 +238,66 @@ class EACifarResNet(CifarResNet):
         return intermediates if intermediates_only else (x, intermediates)
 
 
+class EAVisionTransformer(VisionTransformer):
+    """timm's ``VisionTransformer`` with one evolving-attention chain through all blocks (class token included in
+    the maps). An extension none of the papers built: EA was only released for AA-ResNets (spec ea-wang.md §2.1)."""
+
+    def __init__(self, *args: Any, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        grid = self.patch_embed.grid_size
+        layers = [block.attn for block in self.blocks]
+        self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
+
+    def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        # no attention masks: evolving attention convolves full maps
+        return self.norm(run_chain(self.blocks, self._tokens(x), None, self.grad_checkpointing)[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            return_prefix_tokens: bool = False,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+            output_dict: bool = False,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ):
+        """timm's ViT ``forward_intermediates`` with the chain threaded (no ``output_dict`` or masks)."""
+        if output_dict or attn_mask is not None or is_causal:
+            raise NotImplementedError('output_dict and attention masks are not supported by evolving attention')
+        if output_fmt not in ('NCHW', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        batch, _, height, width = x.shape
+        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
+        x, _, intermediates = run_chain(blocks, self._tokens(x), None, self.grad_checkpointing, take_indices)
+        intermediates = [self.norm(y) if norm else y for y in intermediates]
+        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
+        intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
+        if output_fmt == 'NCHW':
+            grid_h, grid_w = self.patch_embed.dynamic_feat_size((height, width))
+            intermediates = [y.reshape(batch, grid_h, grid_w, -1).permute(0, 3, 1, 2) for y in intermediates]
+        if return_prefix_tokens:
+            intermediates = list(zip(intermediates, prefix))
+        return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+
+def _create_ea_vit(variant: str, pretrained: bool = False, **kwargs) -> EAVisionTransformer:
+    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
+    return build_model_with_cfg(
+        EAVisionTransformer, variant, pretrained, pretrained_filter_fn=vit_checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter'), **kwargs)
+
+
 def _create_ea_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> EAAAResNet:
     kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
     return build_model_with_cfg(EAAAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
@@ -223,6 +306,12 @@ def _create_ea_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> EA
 def _ea_cfg(note: str) -> Dict[str, Any]:
     return _cfg(note, paper_ids='arXiv:2102.12895', paper_name='Evolving Attention with Residual Convolutions',
                 origin_url='https://arxiv.org/abs/2102.12895')
+
+
+def _ea_vit_cfg(note: str) -> Dict[str, Any]:
+    return dict(_ea_cfg(note), interpolation='bicubic', first_conv='patch_embed.proj', classifier='head',
+                pool_size=None, fixed_input_size=True, notes=(note, 'extension: evolving attention on timm\'s DeiT, not in any paper; '
+                                       'class token included in the maps'))
 
 
 EA_SA_NOTE = ('extension: evolving attention (Wang et al. 2021) on the Cordonnier et al. content model; none of '
@@ -235,6 +324,8 @@ default_cfgs = generate_default_cfgs({
     'ea_aa_resnet20_cifar': _cifar_cfg(
         'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage, for CPU training',
         paper_ids='arXiv:1904.09925,arXiv:2102.12895'),
+    'ea_deit_tiny_patch16_224': _ea_vit_cfg('DeiT-Ti (timm deit_tiny_patch16_224) + 11 EA convs'),
+    'ea_deit_small_patch16_224': _ea_vit_cfg('DeiT-S (timm deit_small_patch16_224) + 11 EA convs'),
     'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
                               '11 of 13 attention layers evolved; paper accuracy unverified'),
     'ea_aa_resnet101': _ea_cfg('released layout: 43,440,728 params, 28 of 30 attention layers evolved'),
@@ -291,3 +382,17 @@ def ea_aa_resnet20_cifar(pretrained: bool = False, **kwargs) -> EACifarResNet:
                       evolve_residual=0.5, evolve_conv_weight=1.0)
     return _create_cifar_resnet('ea_aa_resnet20_cifar', pretrained, model_cls=EACifarResNet,
                                 **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
+    """DeiT-Ti (timm's ``deit_tiny_patch16_224`` layout) with evolving attention across its 12 blocks."""
+    model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
+    return _create_ea_vit('ea_deit_tiny_patch16_224', pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def ea_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
+    """DeiT-S (timm's ``deit_small_patch16_224`` layout) with evolving attention across its 12 blocks."""
+    model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
+    return _create_ea_vit('ea_deit_small_patch16_224', pretrained, **dict(model_args, **kwargs))
