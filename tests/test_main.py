@@ -1,6 +1,7 @@
 """The command-line tools run end to end on small inputs."""
 import math
 
+import pytest
 import timm
 import torch
 
@@ -49,3 +50,15 @@ def test_benchmark_compares_a_model_with_its_baseline(capsys):
     row, = rows
     assert row['time_ratio'] > 0 and row['memory_ratio'] > 0 and row['baseline'] == 'resnet34'
     assert 'aa_resnet34' in capsys.readouterr().out
+
+
+def test_predict_on_the_bundled_samples_matches_the_main_job(tmp_path):
+    from timm_attnconv import predict
+    from timm_attnconv.data import SAMPLES_DIR
+    name = timm_attnconv.list_models(pretrained=True)[0]
+    results = predict.main([SAMPLES_DIR, '--model', name, '--pretrained', '--topk', '3', '--json',
+                            str(tmp_path / 'p.json')])
+    assert [r['indices'][0] for r in results] == main_job.classify_samples([name])[name]
+    assert len(results[0]['labels']) == 3 and results[0]['labels'][0] in timm_attnconv.data.CIFAR10_CLASSES
+    with pytest.raises(FileNotFoundError, match='no such image file or folder'):
+        predict.image_files([str(tmp_path / 'nope')])
