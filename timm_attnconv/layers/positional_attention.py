@@ -54,6 +54,7 @@ class PositionalSelfAttention(nn.Module):
         attn_drop: dropout on the attention probabilities (one mask for the whole batch when they are
             input-independent, as in the original).
         proj_drop: dropout after the output projection.
+        out_dim: output width (default ``dim``; the Cordonnier et al. models keep the width, Theorem 1 need not).
         attn_path: ``'dense'`` (the original algorithm: full ``(HW)²`` maps, one einsum over all heads, then
             ``proj_heads``), ``'separable'`` (exact factorised softmax; needs a separable, input-independent position
             term) or ``'auto'`` (``separable`` where it is exact, else ``dense``).
@@ -70,11 +71,13 @@ class PositionalSelfAttention(nn.Module):
             attn_drop: float = 0.,
             proj_drop: float = 0.,
             attn_path: str = 'auto',
+            out_dim: Optional[int] = None,
             device=None,
             dtype=None,
     ):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
+        out_dim = out_dim or dim
         if attn_path not in ATTN_PATHS:
             raise ValueError(f'attn_path must be one of {ATTN_PATHS}, got {attn_path!r}')
         if position == 'query_relative' and not content:
@@ -100,8 +103,8 @@ class PositionalSelfAttention(nn.Module):
         else:
             self.q = self.k = None
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj_heads = nn.Linear(num_heads * dim, dim, **dd)
-        self.proj = nn.Linear(dim, dim, **dd)
+        self.proj_heads = nn.Linear(num_heads * dim, out_dim, **dd)
+        self.proj = nn.Linear(out_dim, out_dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
 
