@@ -5,3 +5,4 @@
 from .version import __version__
 from . import layers, models
 from .models import MODEL_MODULES, SelfAttentionNet, list_models
+from .analysis import attention_maps, prune_degenerate_heads

@@ -101,6 +101,7 @@ class AAConv2d(nn.Module):
         self.num_pools = int(stride == 2) + int(attn_pool)
         self.attn_grid = to_2tuple(attn_grid)
         self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
+        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
         self.resize_tables = resize_tables
         self.fused_attn = use_fused_attn()
 
@@ -184,7 +185,7 @@ class AAConv2d(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # q is scaled, the bias not
 
     def _heads_explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        return self._logits(q, k, grid).softmax(dim=-1) @ v
+        return self.logits_tap(self._logits(q, k, grid)).softmax(dim=-1) @ v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
@@ -206,4 +207,4 @@ class AAConv2d(nn.Module):
         logits = self._logits(q, k, grid)
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        return self._output(x, logits.softmax(dim=-1) @ v, grid), logits
+        return self._output(x, self.logits_tap(logits).softmax(dim=-1) @ v, grid), logits

@@ -107,6 +107,7 @@ class PositionalSelfAttention(nn.Module):
         self.proj = nn.Linear(out_dim, out_dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
         self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
+        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
 
     def _use_separable(self) -> bool:
         if not self.separable or self.attn_path == 'dense':
@@ -166,7 +167,8 @@ class PositionalSelfAttention(nn.Module):
         num_tokens = height * width
         tokens = x.reshape(batch, num_tokens, dim)
         if not self.content:
-            probs = self.attn_drop(self._position_bias(None, height, width)[0].softmax(dim=-1).to(x.dtype))
+            logits = self.logits_tap(self._position_bias(None, height, width))
+            probs = self.attn_drop(logits[0].softmax(dim=-1).to(x.dtype))
             out = torch.einsum('hqk,bkd->bqhd', probs, tokens)
         else:
             q, k = self._content_qk(tokens)
@@ -177,7 +179,7 @@ class PositionalSelfAttention(nn.Module):
                     q, k, values, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.,
                     scale=self.scale)
             else:
-                probs = ((q * self.scale) @ k.transpose(-1, -2) + bias).softmax(dim=-1)
+                probs = self.logits_tap((q * self.scale) @ k.transpose(-1, -2) + bias).softmax(dim=-1)
                 out = self.attn_drop(probs) @ values
             out = out.transpose(1, 2)
         return self.proj_heads(out.reshape(batch, height, width, self.num_heads * dim))
@@ -193,7 +195,7 @@ class PositionalSelfAttention(nn.Module):
         logits = logits.expand(batch, -1, -1, -1)  # position-only maps are shared by the batch; a chain is per image
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        probs = self.attn_drop(logits.softmax(dim=-1).to(x.dtype))
+        probs = self.attn_drop(self.logits_tap(logits).softmax(dim=-1).to(x.dtype))
         heads = (probs @ x.reshape(batch, 1, height * width, dim)).transpose(1, 2)  # (B, N, heads, D)
         out = self.proj_heads(heads.reshape(batch, height, width, self.num_heads * dim))
         return self.proj_drop(self.proj(out)), logits

@@ -55,7 +55,7 @@ def _vit_block_chain(block: Block, x: torch.Tensor, prev: Optional[torch.Tensor]
     evolve = getattr(attn, 'evolve', None)  # timm's Attention has no such attribute unless link_chain gave it one
     if evolve is not None:
         logits = evolve(logits, prev)
-    y = (attn.attn_drop(logits.softmax(dim=-1)) @ v).transpose(1, 2).reshape(batch, tokens, attn.attn_dim)
+    y = (attn.attn_drop(attn.logits_tap(logits).softmax(dim=-1)) @ v).transpose(1, 2).reshape(batch, tokens, attn.attn_dim)
     y = attn.norm(y)
     if attn.gate is not None:
         y = y * attn.gate(block.norm1(x)).sigmoid()
@@ -246,6 +246,8 @@ class EAVisionTransformer(VisionTransformer):
         super().__init__(*args, **kwargs)
         grid = self.patch_embed.grid_size
         layers = [block.attn for block in self.blocks]
+        for layer in layers:
+            layer.logits_tap = nn.Identity()  # hook point for attention_maps, as in the package's own layers
         self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""Attention maps of every family, conv-likeness on Theorem-1 layers, and pruning of degenerate heads."""
+import pytest
+import timm
+import torch
+import torch.nn as nn
+
+from timm_attnconv import attention_maps, prune_degenerate_heads
+from timm_attnconv.analysis import conv_likeness, degenerate_heads
+from timm_attnconv.theory import conv_to_attention
+
+FAMILIES = [('sa_quadratic_tiny_cifar', {}, 32, 6), ('sa_learned_content_tiny_cifar', {}, 32, 6),
+            ('aa_resnet50', dict(layers=(1, 1, 1, 1)), 64, 3), ('ea_aa_resnet20_cifar', {}, 32, 6),
+            ('ea_sa_learned_content_tiny_cifar', {}, 32, 6), ('ea_deit_tiny_patch16_224', dict(depth=2), 224, 2)]
+
+
+@pytest.mark.parametrize('name,kwargs,size,layers', FAMILIES)
+def test_attention_maps_of_every_family_leave_the_output_unchanged(name, kwargs, size, layers):
+    model = timm.create_model(name, **kwargs).eval()
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        before = model(x)
+    maps = attention_maps(model, x)
+    with torch.no_grad():
+        assert torch.equal(model(x), before)
+    assert len(maps) == layers
+    for probs in maps.values():
+        assert probs.shape[0] == 2 and probs.shape[-1] == probs.shape[-2]
+        torch.testing.assert_close(probs.sum(-1), torch.ones(probs.shape[:-1]))
+
+
+def test_maps_are_the_layers_probabilities_and_ea_maps_are_evolved():
+    model = timm.create_model('sa_quadratic_tiny_cifar').eval()
+    x = torch.randn(1, 3, 32, 32)
+    first = attention_maps(model, x)['blocks.0.attn']
+    torch.testing.assert_close(first, model.blocks[0].attn.attention_probs(model._embed(x)).expand_as(first))
+    ea = timm.create_model('ea_sa_learned_content_tiny_cifar').eval()
+    maps = list(attention_maps(ea, x).values())
+    tokens = ea._embed(x)
+    with torch.no_grad():
+        plain_first = ea.blocks[0].attn.attention_probs(tokens)
+        torch.testing.assert_close(maps[0], plain_first)                   # the chain starts unevolved
+        second_plain = ea.blocks[1].attn.attention_probs(ea.blocks[0](tokens))
+    assert (maps[1] - second_plain).abs().max() > 1e-3                     # later maps are the evolved ones
+
+
+def test_a_model_without_attention_says_so():
+    with pytest.raises(ValueError, match='no attention layers'):
+        attention_maps(timm.create_model('attnconv_resnet20_cifar'), torch.randn(1, 3, 32, 32))
+
+
+def test_theorem1_heads_are_perfectly_conv_like():
+    layer = conv_to_attention(nn.Conv2d(2, 2, 3, padding=1))
+    x = torch.randn(1, 2, 6, 6)
+    probs = attention_maps(layer, x)['attn']
+    report = conv_likeness(probs, (8, 8))  # the padded grid
+    expected = [(u, v) for u in range(3) for v in range(3)]
+    assert [r['offset'] for r in report] == expected
+    for r, (u, v) in zip(report, expected):  # queries whose target key exists carry all their mass there
+        assert r['mass'] >= (8 - u) * (8 - v) / 64 - 1e-6
+
+
+def test_prune_degenerate_heads_removes_only_their_contribution():
+    model = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.pos.spreads[1] = torch.tensor([[1e-4, 0.], [0., 1.]])   # λ_min(SᵀS) = 1e-8
+        model.blocks[1].attn.pos.spreads[3] = torch.tensor([[1., 0.], [0., 1e-2]])   # cond = 1e4: kept
+    assert degenerate_heads(model.blocks[0].attn.pos) == [1] and degenerate_heads(model.blocks[1].attn.pos) == []
+    x = torch.randn(2, 3, 32, 32)
+    reference = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        reference.blocks[0].attn.proj_heads.weight[:, 16:32] = 0  # head 1's value map removed by hand
+        expected = reference(x)
+        counts = prune_degenerate_heads(model)
+        assert counts == (3, 4)
+        torch.testing.assert_close(model(x), expected)
+    rebuilt = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=counts)
+    rebuilt.load_state_dict(model.state_dict())
+    with pytest.raises(ValueError, match='quadratic-encoding SA models only'):
+        prune_degenerate_heads(timm.create_model('sa_learned_tiny_cifar'))
