@@ -8,6 +8,7 @@
 * :func:`prune_degenerate_heads` is the paper's pruning of quadratic heads whose Gaussian has collapsed (§4.1,
   spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``.
 """
+import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -15,7 +16,7 @@ import torch.nn as nn
 
 from .layers import AAConv2d, PositionalSelfAttention, QuadraticScores
 
-__all__ = ['attention_maps', 'conv_likeness', 'degenerate_heads', 'prune_degenerate_heads']
+__all__ = ['attention_maps', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads', 'prune_degenerate_heads']
 
 
 @torch.no_grad()
@@ -79,6 +80,22 @@ def conv_likeness(probs: torch.Tensor, grid: Tuple[int, int]) -> List[Dict[str, 
     offsets = [divmod(int(i), 2 * width - 1) for i in best.indices]
     return [dict(head=h, mass=float(best.values[h]), offset=(r - height + 1, c - width + 1))
             for h, (r, c) in enumerate(offsets)]
+
+
+def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
+    """Markdown table, one row per attention layer, one column per head: ``offset mass`` from :func:`conv_likeness`
+    on the batch ``x`` (layers on a square token grid; a class token is left out)."""
+    rows = []
+    maps = attention_maps(model, x)
+    heads = max(p.shape[1] for p in maps.values())
+    for name, probs in maps.items():
+        side = math.isqrt(probs.shape[-1])
+        prefix = probs.shape[-1] - side * side
+        report = conv_likeness(probs[..., prefix:, prefix:], (side, side))
+        cells = [f"({r['offset'][0]:+d},{r['offset'][1]:+d}) {r['mass']:.2f}" for r in report]
+        rows.append(f"| {name} | " + ' | '.join(cells + [''] * (heads - len(cells))) + ' |')
+    header = '| layer | ' + ' | '.join(f'head {h + 1}' for h in range(heads)) + ' |'
+    return '\n'.join([header, '|' + '---|' * (heads + 1)] + rows)
 
 
 def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e5) -> List[int]:

@@ -80,7 +80,8 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
     plt.close(fig)
 
 
-def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], run: Dict[str, Any]) -> str:
+def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], run: Dict[str, Any],
+                likeness: str = '') -> str:
     from huggingface_hub import EvalResult, ModelCardData
     from timm.models._hub import generate_readme
 
@@ -128,6 +129,11 @@ def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], 
              f"\n## Training\n![training curves](training_curves.png)\n\n"
              f"Reproduce (resumable; the log of this run is `training_log.jsonl`):\n\n```bash\n{run['command']}\n```\n"
              f"\nStaged with `python -m timm_attnconv.stage {run['folder']} --tag {arch_tag.split('.', 1)[1]}`.\n")
+    if likeness:
+        body += ('\n## Conv-likeness of the heads\n\nPer head, the relative offset (rows, columns; key − query) that '
+                 'gets the most attention and the mean attention mass on it, over the first 64 CIFAR-10 test images '
+                 '(`timm_attnconv.analysis.conv_likeness_table`). Mass 1 is a head that acts as one convolution tap '
+                 f'(Cordonnier et al., Lemma 1); uniform attention would give 1/256.\n\n{likeness}\n')
     return f'---\n{data.to_yaml()}\n---\n{body}'
 
 
@@ -151,7 +157,8 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
           record: os.PathLike = SHA256_RECORD) -> Dict[str, Any]:
     """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``."""
     from timm.models import save_for_hf
-    from .data import CIFAR10_CLASSES, load_cifar10
+    from .analysis import conv_likeness_table
+    from .data import CIFAR10_CLASSES, load_cifar10, normalize
     from .flops import model_report
 
     ckpt = os.path.join(run_dir, CHECKPOINT)
@@ -178,7 +185,10 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         run = dict(epochs_done=f'{epochs_done:.4g}', epochs_planned=config['epochs'], sha256=digest, folder=run_dir,
                    command=training_command(config, run_dir),
                    note='training in progress' if state['epoch'] < config['epochs'] else 'finished run')
-        (Path(tmp) / 'README.md').write_text(_model_card(arch_tag, model_report(config['model']), metrics, run))
+        likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],
+                                                        model.pretrained_cfg['std']))
+        (Path(tmp) / 'README.md').write_text(
+            _model_card(arch_tag, model_report(config['model'], **config['model_kwargs']), metrics, run, likeness))
         if folder.exists():
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)

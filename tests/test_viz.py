@@ -1,0 +1,41 @@
+"""The figures are written, have the panels they claim, and are not blank."""
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+from timm_attnconv.viz import main, plot_attention, plot_centers
+
+
+def _pixels(path):
+    return np.asarray(Image.open(path).convert('L'), dtype=np.float32)
+
+
+def test_center_plot_has_one_panel_per_layer_and_rows_per_model(tmp_path):
+    models = [timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=d) for d in (3, 2)]
+    panels = plot_centers(models, str(tmp_path / 'c.png'), titles=['a', 'b'])
+    assert panels == 5
+    pixels = _pixels(tmp_path / 'c.png')
+    assert pixels.shape[1] > pixels.shape[0] and pixels.std() > 10  # a wide figure with content
+
+
+@pytest.mark.parametrize('name,kwargs,size,rows', [('sa_quadratic_tiny_cifar', {}, 32, 6),
+                                                   ('aa_resnet20_cifar', {}, 32, 6),
+                                                   ('ea_deit_tiny_patch16_224', dict(depth=2), 224, 2)])
+def test_attention_plot_draws_every_head_of_every_layer(tmp_path, name, kwargs, size, rows):
+    model = timm.create_model(name, **kwargs).eval()
+    images = torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8)
+    panels = plot_attention(model, images, (size // 2, size // 2), str(tmp_path / 'a.png'))
+    heads = {'sa_quadratic_tiny_cifar': 9, 'aa_resnet20_cifar': 4, 'ea_deit_tiny_patch16_224': 3}[name]
+    assert panels == rows * heads
+    assert _pixels(tmp_path / 'a.png').std() > 10
+
+
+def test_cli_and_refusals(tmp_path):
+    assert main(['centers', '--model', 'sa_quadratic_tiny_cifar', '--out', str(tmp_path / 'x.png')]) == 6
+    with pytest.raises(ValueError, match='no quadratic-encoding attention heads'):
+        main(['centers', '--model', 'aa_resnet20_cifar', '--out', str(tmp_path / 'y.png')])
+    with pytest.raises(ValueError, match='no attention layers'):
+        plot_attention(timm.create_model('attnconv_resnet20_cifar'), torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
+                       (4, 4), str(tmp_path / 'z.png'))
