@@ -69,18 +69,24 @@ class QuadraticScores(nn.Module):
             else:
                 self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
 
+    def _logit_dtype(self) -> torch.dtype:
+        # at least fp32: with sharp heads (α ~ 1e4) fp16 logits of a whole row can overflow to -inf → NaN softmax
+        return torch.promote_types(self.centers.dtype, torch.float32)
+
     def inverse_covariance(self) -> torch.Tensor:
-        """``(heads, 2, 2)`` matrices ``Σ_h⁻¹``."""
+        """``(heads, 2, 2)`` matrices ``Σ_h⁻¹`` (in at least fp32)."""
+        spreads = self.spreads.to(self._logit_dtype())
         if self.isotropic:
-            eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
-            return self.spreads.pow(2)[:, None, None] * eye
-        return self.spreads @ self.spreads.transpose(-1, -2)
+            eye = torch.eye(2, device=spreads.device, dtype=spreads.dtype)
+            return spreads.pow(2)[:, None, None] * eye
+        return spreads @ spreads.transpose(-1, -2)
 
     def _centred_offsets(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
         # (heads, H, H) and (heads, W, W): δ - μ_h along rows and along columns
-        dtype = self.centers.dtype
-        rows = relative_offsets(height, self.centers.device, dtype)[None] - self.centers[:, 0, None, None]
-        cols = relative_offsets(width, self.centers.device, dtype)[None] - self.centers[:, 1, None, None]
+        dtype = self._logit_dtype()
+        centers = self.centers.to(dtype)
+        rows = relative_offsets(height, centers.device, dtype)[None] - centers[:, 0, None, None]
+        cols = relative_offsets(width, centers.device, dtype)[None] - centers[:, 1, None, None]
         return rows, cols
 
     def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +94,7 @@ class QuadraticScores(nn.Module):
         if not self.separable:
             raise RuntimeError('generalized quadratic scores have a row-column cross term and are not separable')
         rows, cols = self._centred_offsets(height, width)
-        alpha = -0.5 * self.spreads.pow(2)[:, None, None]
+        alpha = -0.5 * self.spreads.to(rows.dtype).pow(2)[:, None, None]
         return alpha * rows.pow(2), alpha * cols.pow(2)
 
     def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -18,6 +18,7 @@ from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ..layers import AAConv2d
 from ..pretrained import resolve_pretrained_kwargs
+from ._input import check_image_batch
 from ._registry import register_model
 
 __all__ = ['AAResNet', 'CifarResNet']
@@ -81,7 +82,16 @@ class AAResNet(ResNet):
                     attn_pool=pooled, rel_pos=rel_pos, qkv_bias=qkv_bias, proj_bias=proj_bias, **dd))
 
     def no_weight_decay(self):
-        return {n for n, _ in self.named_parameters() if n.endswith(('.rel_rows', '.rel_cols'))}
+        return _relative_tables(self)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_batch(x, self.conv1.in_channels)
+        return super().forward_features(x)
+
+
+def _relative_tables(model: nn.Module) -> set:
+    # relative position tables, like position embeddings, are exempt from weight decay
+    return {n for n, _ in model.named_parameters() if n.endswith(('.rel_rows', '.rel_cols'))}
 
 
 class CifarBlock(nn.Module):
@@ -208,7 +218,7 @@ class CifarResNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self):
-        return {n for n, _ in self.named_parameters() if n.endswith(('.rel_rows', '.rel_cols'))}
+        return _relative_tables(self)
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
@@ -254,6 +264,7 @@ class CifarResNet(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         x = checkpoint_seq(self.stages, x) if self.grad_checkpointing and not torch.jit.is_scripting() \
             else self.stages(x)

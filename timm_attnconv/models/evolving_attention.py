@@ -20,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import AAConv2d, link_chain
 from ..pretrained import resolve_pretrained_kwargs
+from ._input import check_image_batch
 from ._registry import register_model
 from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
 from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa
@@ -160,6 +161,7 @@ class EAAAResNet(AAResNet):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         if not self.evolve:
             return super().forward_features(x)
+        check_image_batch(x, self.conv1.in_channels)
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
         prev: Optional[torch.Tensor] = None
         for index in range(1, 5):
@@ -206,6 +208,7 @@ class EACifarResNet(CifarResNet):
                                       evolve_conv_weight)
 
     def _stages(self, x: torch.Tensor, take_indices: Optional[List[int]] = None, stop: Optional[int] = None):
+        check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         prev: Optional[torch.Tensor] = None
         intermediates = []
@@ -251,6 +254,7 @@ class EAVisionTransformer(VisionTransformer):
         self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_batch(x, self.patch_embed.proj.in_channels)
         return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from timm.models._features import feature_take_indices
 from ..data import CIFAR10_CLASSES
 from ..layers import PositionalSelfAttention
 from ..pretrained import hub_id, resolve_pretrained_kwargs
+from ._input import check_image_batch
 from ._registry import register_model
 
 __all__ = ['SelfAttentionNet']
@@ -42,24 +43,6 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)  # the original training code's values (spec §5), not the exact pixel std
 POS_ENCODINGS = ('quadratic', 'quadratic_gen', 'learned')
 REL_POS_SCORES = ('query', 'head')
-
-
-@register_notrace_function
-def check_image_batch(x: torch.Tensor, in_chans: int, patch_size: int) -> None:
-    """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with
-    ``H``, ``W`` positive multiples of ``patch_size``."""
-    expected = f'a float tensor of shape (batch, {in_chans}, H, W) with H and W multiples of {patch_size}'
-    if x.dim() != 4:
-        raise ValueError(f'expected {expected}; got {x.dim()} dimensions, shape {list(x.shape)}')
-    if not x.is_floating_point():
-        raise ValueError(f'expected {expected}; got dtype {x.dtype} (convert images with .float() and normalise)')
-    if x.shape[1] != in_chans:
-        raise ValueError(
-            f'expected {expected}; got {x.shape[1]} channels, shape {list(x.shape)} '
-            f'(create the model with in_chans={x.shape[1]} to change the input channels)')
-    height, width = x.shape[-2], x.shape[-1]
-    if height < patch_size or width < patch_size or height % patch_size or width % patch_size:
-        raise ValueError(f'expected {expected}; got an image of {height}×{width}')
 
 
 class PostNormBlock(nn.Module):
