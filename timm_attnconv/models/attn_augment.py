@@ -84,9 +84,9 @@ class AAResNet(ResNet):
     def no_weight_decay(self):
         return _relative_tables(self)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.conv1.in_channels)
-        return super().forward_features(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
+        return self.forward_head(self.forward_features(x))
 
 
 def _relative_tables(model: nn.Module) -> set:
