@@ -228,7 +228,7 @@ def test_bf16_autocast_keeps_predictions():
 
 
 def test_pretrained_without_weights_is_an_error():
-    with pytest.raises(RuntimeError, match='No pretrained weights'):
+    with pytest.raises(RuntimeError, match='has no pretrained weights yet'):
         timm.create_model('sa_quadratic_cifar', pretrained=True)
 
 

@@ -28,6 +28,8 @@ from .sa_cordonnier import _cfg as _sa_cfg
 
 __all__ = ['EAAAResNet', 'EACifarResNet', 'EASelfAttentionNet', 'EAVisionTransformer', 'chain_step', 'run_chain']
 
+torch.fx.wrap('check_image_batch')  # a leaf for FX: timm's notrace list reaches only the root module's globals
+
 
 def _bottleneck_chain(block: Bottleneck, x: torch.Tensor, prev: Optional[torch.Tensor]):
     """timm's ``Bottleneck.forward`` with the AA convolution in chain mode: ``(x, prev) → (x, logits)``."""
