@@ -3,7 +3,6 @@ import math
 
 import pytest
 import timm
-import torch
 
 import timm_attnconv
 

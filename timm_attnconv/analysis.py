@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .layers import AAConv2d, PositionalSelfAttention, QuadraticScores
+from .layers import PositionalSelfAttention, QuadraticScores
 
 __all__ = ['attention_maps', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads', 'prune_degenerate_heads']
 

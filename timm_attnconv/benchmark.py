@@ -245,7 +245,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
     parser.add_argument('--baseline-kwargs', type=json.loads, default=None,
-                        help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for an EA model\'s base')
+                        help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
+                             'EA model')
     parser.add_argument('--bf16-images', type=int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)

@@ -240,7 +240,7 @@ class CifarResNet(nn.Module):
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """Stage outputs (NCHW) at ``indices`` (timm semantics), and the final features unless ``intermediates_only``."""
+        """Stage outputs (NCHW) at ``indices`` (timm semantics) and, unless ``intermediates_only``, the features."""
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.stages), indices)

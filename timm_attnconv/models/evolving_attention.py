@@ -58,7 +58,8 @@ def _vit_block_chain(block: Block, x: torch.Tensor, prev: Optional[torch.Tensor]
     evolve = getattr(attn, 'evolve', None)  # timm's Attention has no such attribute unless link_chain gave it one
     if evolve is not None:
         logits = evolve(logits, prev)
-    y = (attn.attn_drop(attn.logits_tap(logits).softmax(dim=-1)) @ v).transpose(1, 2).reshape(batch, tokens, attn.attn_dim)
+    y = attn.attn_drop(attn.logits_tap(logits).softmax(dim=-1)) @ v
+    y = y.transpose(1, 2).reshape(batch, tokens, attn.attn_dim)
     y = attn.norm(y)
     if attn.gate is not None:
         y = y * attn.gate(block.norm1(x)).sigmoid()
@@ -317,9 +318,9 @@ def _ea_cfg(note: str) -> Dict[str, Any]:
 
 
 def _ea_vit_cfg(note: str) -> Dict[str, Any]:
+    extension = "extension: evolving attention on timm's DeiT, not in any paper; class token included in the maps"
     return dict(_ea_cfg(note), interpolation='bicubic', first_conv='patch_embed.proj', classifier='head',
-                pool_size=None, fixed_input_size=True, notes=(note, 'extension: evolving attention on timm\'s DeiT, not in any paper; '
-                                       'class token included in the maps'))
+                pool_size=None, fixed_input_size=True, notes=(note, extension))
 
 
 EA_SA_NOTE = ('extension: evolving attention (Wang et al. 2021) on the Cordonnier et al. content model; none of '

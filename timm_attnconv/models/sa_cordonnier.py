@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import DropPath, Mlp, SelectAdaptivePool2d, register_notrace_function
+from timm.layers import DropPath, Mlp, SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
