@@ -173,7 +173,8 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     metrics, key, model = _choose_weights(state, weights, images, labels)
     metrics['weights'] = 'EMA weights' if key == 'ema' else 'weights'
     log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
-    epochs_done = state['epoch'] + state['step_in_epoch'] / max(1, -(-50_000 // config['batch_size']))
+    steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
+    epochs_done = state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch)
 
     folder = Path(out_dir) / arch_tag
     with tempfile.TemporaryDirectory(dir=out_dir if os.path.isdir(out_dir) else None) as tmp:
