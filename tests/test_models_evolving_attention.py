@@ -23,11 +23,16 @@ def test_stage2_pooling_continues_the_chain_into_stage3():
     assert evolving == [False, True, True, True] + [True] * 6 + [False, True, True]
 
 
+def load_without_evolution(base, ea_model):
+    """Load an EA model's weights into its base: everything must fit except the evolution convolutions."""
+    missing, unexpected = base.load_state_dict(ea_model.state_dict(), strict=False)
+    assert not missing and unexpected and all('.evolve.' in k for k in unexpected)
+
+
 def _base_with_same_weights(ea_model):
     base = timm.create_model('aa_resnet50', kappa=0.25, upsilon=0.125, min_dim_head_qk=1, qkv_bias=True,
                              proj_bias=True, layers=(2, 2, 2, 2), zero_init_last=False).eval()
-    missing, unexpected = base.load_state_dict(ea_model.state_dict(), strict=False)
-    assert not missing and all('.evolve.' in k for k in unexpected)
+    load_without_evolution(base, ea_model)
     return base
 
 
@@ -86,8 +91,7 @@ def test_ea_on_the_sa_content_model():
     kwargs = dict(embed_dim=32, mlp_dim=48, depth=3)
     ea = timm.create_model('ea_sa_learned_content_cifar', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
     base = timm.create_model('sa_learned_content_cifar', **kwargs).eval()
-    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
-    assert not missing and all('.evolve.' in k for k in unexpected)
+    load_without_evolution(base, ea)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -111,8 +115,7 @@ def test_ea_cifar_twin_chains_within_each_stage():
     assert ea.num_evolved == 4 and _count_params('ea_aa_resnet20_cifar') == 263_178 + 4 * (4 * 4 * 9 + 4)
     assert [b.conv1.evolve is not None for s in ea.stages[1:] for b in s] == [False, True, True] * 2
     base = timm.create_model('aa_resnet20_cifar').eval()
-    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
-    assert not missing and all('.evolve.' in k for k in unexpected)
+    load_without_evolution(base, ea)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -128,8 +131,7 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
     kwargs = dict(depth=3)
     ea = timm.create_model('ea_deit_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
     base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
-    missing, unexpected = base.load_state_dict(ea.state_dict(), strict=False)
-    assert not missing and all('.evolve.' in k for k in unexpected)
+    load_without_evolution(base, ea)
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
