@@ -132,11 +132,6 @@ class AAConv2d(nn.Module):
             trunc_normal_(self.rel_rows, std=self.scale)
             trunc_normal_(self.rel_cols, std=self.scale)
 
-    def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Pre-softmax logits ``(B, N_h, h·w, h·w)`` (scaled, relative terms included) for NCHW input ``x``."""
-        q, k, _, grid = self._qkv(x)
-        return self._logits(q, k, grid)
-
     def _qkv(self, x: torch.Tensor):
         for _ in range(self.num_pools):
             x = F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)

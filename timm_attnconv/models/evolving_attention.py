@@ -80,15 +80,15 @@ torch.fx.wrap('chain_step')  # one leaf call for FX (timm's notrace list wraps o
 
 
 def run_chain(blocks, x: torch.Tensor, prev: Optional[torch.Tensor], checkpointing: bool = False,
-              take_indices: Optional[List[int]] = None, offset: int = 0):
-    """Run ``blocks`` threading the chain state; returns ``(x, prev, outputs of blocks offset+i in take_indices)``."""
+              take_indices: Optional[List[int]] = None):
+    """Run ``blocks`` threading the chain state; returns ``(x, prev, outputs of the blocks in take_indices)``."""
     intermediates = []
     for index, block in enumerate(blocks):
         if checkpointing:
             x, prev = checkpoint(chain_step, block, x, prev, use_reentrant=False)
         else:
             x, prev = chain_step(block, x, prev)
-        if take_indices is not None and offset + index in take_indices:
+        if take_indices is not None and index in take_indices:
             intermediates.append(x)
     return x, prev, intermediates
 
