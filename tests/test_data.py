@@ -59,3 +59,19 @@ def test_batches_are_fixed_by_seed_epoch_and_step():
 def test_normalize():
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
     torch.testing.assert_close(normalize(x, (0.5, 0.5, 0.5), (0.5, 0.25, 1.0))[0, :, 0, 0], torch.tensor([1., 2., .5]))
+
+
+@needs_data
+def test_image_folder_is_what_timm_datasets_read(tmp_path):
+    from timm.data import create_dataset
+    from timm_attnconv.data import main
+    main(['imagefolder', str(tmp_path), '--split', 'train', '--classes', 'dog', 'cat', '--per-class', '3',
+          '--data-dir', DATA_DIR])
+    dataset = create_dataset('', root=str(tmp_path), split='train')
+    images, labels = load_cifar10(DATA_DIR, 'train')
+    # cat (3) sorts before dog (5) whatever order was asked: timm's labels follow CIFAR-10's order
+    assert [dataset[i][1] for i in range(len(dataset))] == [0, 0, 0, 1, 1, 1]
+    first_cat = int(torch.nonzero(labels == 3)[0, 0])
+    assert np.array_equal(np.asarray(dataset[0][0]), images[first_cat].permute(1, 2, 0).numpy())  # lossless
+    with pytest.raises(ValueError, match='unknown CIFAR-10 classes'):
+        main(['imagefolder', str(tmp_path), '--classes', 'kitten'])

@@ -10,13 +10,13 @@ is cropped (zero padding 4, as ``RandomCrop(32, padding=4)``) and flipped with t
 """
 import os
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'load_samples', 'normalize',
-           'random_crop_flip', 'EpochBatches']
+__all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'write_image_folder', 'load_samples',
+           'normalize', 'random_crop_flip', 'EpochBatches']
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
@@ -83,13 +83,36 @@ def _read_torchvision(root: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
 
 def write_samples(out_dir: str = SAMPLES_DIR, per_class: int = 2, data_dir: Optional[str] = None) -> List[str]:
     """Save the first ``per_class`` test images of each class as ``<test index>_<class>.png`` (lossless)."""
-    from PIL import Image
     images, labels = load_cifar10(data_dir, 'test')
-    os.makedirs(out_dir, exist_ok=True)
+    return _write_pngs(images, labels, CIFAR10_CLASSES, per_class,
+                       lambda index, name: os.path.join(out_dir, f'{index:05d}_{name}.png'))
+
+
+def write_image_folder(out_dir: str, split: str = 'test', classes: Optional[Sequence[str]] = None,
+                       per_class: Optional[int] = None, data_dir: Optional[str] = None) -> List[str]:
+    """Write a CIFAR-10 split as the ImageFolder tree that timm's ``train.py`` / ``validate.py`` read.
+
+    ``<out_dir>/<train|validation>/<label>_<class>/<index>.png``, lossless and byte-identical to the npz; the label
+    prefix keeps timm's sorted class order equal to CIFAR-10's (and, for a subset, the subset in CIFAR-10's order).
+    ``classes`` picks a subset by name (e.g. a 2-class fine-tuning task), ``per_class`` the first N of each.
+    """
+    unknown = sorted(set(classes or ()) - set(CIFAR10_CLASSES))
+    if unknown:
+        raise ValueError(f'unknown CIFAR-10 classes {unknown}; choose from {list(CIFAR10_CLASSES)}')
+    images, labels = load_cifar10(data_dir, split)
+    split_dir = os.path.join(out_dir, 'train' if split == 'train' else 'validation')
+    return _write_pngs(images, labels, classes or CIFAR10_CLASSES, per_class, lambda index, name: os.path.join(
+        split_dir, f'{CIFAR10_CLASSES.index(name)}_{name}', f'{index:05d}.png'))
+
+
+def _write_pngs(images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str], per_class: Optional[int],
+                path_of: Callable[[int, str], str]) -> List[str]:
+    from PIL import Image
     paths = []
-    for label, name in enumerate(CIFAR10_CLASSES):
-        for index in torch.nonzero(labels == label)[:per_class, 0].tolist():
-            paths.append(os.path.join(out_dir, f'{index:05d}_{name}.png'))
+    for name in classes:
+        for index in torch.nonzero(labels == CIFAR10_CLASSES.index(name))[:per_class, 0].tolist():
+            paths.append(path_of(index, name))
+            os.makedirs(os.path.dirname(paths[-1]), exist_ok=True)
             Image.fromarray(images[index].permute(1, 2, 0).numpy()).save(paths[-1], optimize=True)
     return sorted(paths)
 
@@ -159,3 +182,23 @@ class EpochBatches:
                 draws = torch.Generator().manual_seed((self.seed * 100_003 + self.epoch) * 1_000_003 + step)
                 images = random_crop_flip(images, draws)
             yield images, self.labels[idx]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m timm_attnconv.data imagefolder OUT [--split test] [--classes cat dog] [--per-class N]``."""
+    import argparse
+    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.data', description=main.__doc__)
+    commands = parser.add_subparsers(dest='command', required=True)
+    folder = commands.add_parser('imagefolder', help=write_image_folder.__doc__.split('\n')[0])
+    folder.add_argument('out_dir')
+    folder.add_argument('--split', choices=sorted(SPLIT_SIZES), default='test')
+    folder.add_argument('--classes', nargs='+', default=None, metavar='NAME')
+    folder.add_argument('--per-class', type=int, default=None, metavar='N')
+    folder.add_argument('--data-dir', default=None, help='train.npz / test.npz folder (default ../shared/data/cifar10)')
+    args = parser.parse_args(argv)
+    paths = write_image_folder(args.out_dir, args.split, args.classes, args.per_class, args.data_dir)
+    print(f'wrote {len(paths)} images under {os.path.dirname(os.path.dirname(paths[0]))}')
+
+
+if __name__ == '__main__':
+    main()

@@ -154,6 +154,8 @@ class AAConv2d(nn.Module):
             rows, cols = self._relative_terms(q, grid)
             # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
             as_grid = logits.view(q.shape[0], self.num_heads, grid[0], grid[1], grid[0], grid[1])
+            if torch.jit.is_tracing():  # a traced graph (legacy ONNX export) drops in-place writes through a view
+                return (as_grid + rows[..., :, None] + cols[..., None, :]).reshape(logits.shape)
             as_grid.add_(rows[..., :, None]).add_(cols[..., None, :])
         return logits
 

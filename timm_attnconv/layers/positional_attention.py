@@ -174,7 +174,11 @@ class PositionalSelfAttention(nn.Module):
             q, k = self._content_qk(tokens)
             bias = self._position_bias(q, height, width).to(q.dtype)
             values = tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
-            if self.fused_attn:
+            fused = self.fused_attn
+            if not torch.jit.is_scripting():
+                # ONNX export decomposes SDPA with these expanded values into a graph that views a non-viewable tensor
+                fused = fused and not torch.onnx.is_in_onnx_export()
+            if fused:
                 out = F.scaled_dot_product_attention(
                     q, k, values, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.,
                     scale=self.scale)
