@@ -46,6 +46,17 @@ def test_whole_network_conversion_keeps_the_predictions():
     assert torch.equal(before.argmax(-1), after.argmax(-1)) and (before - after).abs().max() <= 1e-4
 
 
+def test_a_trained_cnn_keeps_its_test_accuracy_exactly(capsys):
+    from timm_attnconv.theory import main
+    # the shipped 2-epoch ResNet-20 (71.48% on all 10,000 images); 250 images keep CI fast
+    result = main(['--model', 'attnconv_resnet20_cifar', '--pretrained', '--limit', '250', '--batch-size', '125'])
+    assert result['converted_convs'] == 19 and result['images'] == 250
+    assert result['convolution']['top1'] > 50  # trained, not random
+    assert result['attention']['top1'] == result['convolution']['top1']
+    assert result['changed_predictions'] == 0 and result['max_abs_logit_diff'] < 1e-4
+    assert '"changed_predictions": 0' in capsys.readouterr().out
+
+
 @pytest.mark.parametrize('conv,match', [
     (nn.Conv2d(4, 4, 3, groups=2), 'groups=2'), (nn.Conv2d(2, 2, 3, padding=1, padding_mode='reflect'), 'reflect'),
     (nn.ConvTranspose2d(2, 2, 3), 'transposed'), (nn.Conv2d(2, 2, 4, padding='same'), 'asymmetrically')])

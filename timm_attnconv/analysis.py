@@ -16,7 +16,16 @@ import torch.nn as nn
 
 from .layers import PositionalSelfAttention, QuadraticScores
 
-__all__ = ['attention_maps', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads', 'prune_degenerate_heads']
+__all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads', 'prune_degenerate_heads']
+
+
+def _logits_taps(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    return [(name.rpartition('.')[0], m) for name, m in model.named_modules() if name.endswith('logits_tap')]
+
+
+def has_attention(model: nn.Module) -> bool:
+    """Whether ``model`` holds attention layers of this package (what :func:`attention_maps` can show)."""
+    return bool(_logits_taps(model))
 
 
 @torch.no_grad()
@@ -26,7 +35,7 @@ def attention_maps(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Tensor]
     Layers whose fast path never forms the maps (separable SA heads, fused SDPA) run their explicit path for this
     call (the same function; outputs agree to float rounding). Raises ``ValueError`` for a model with no attention.
     """
-    taps = [(name.rpartition('.')[0], m) for name, m in model.named_modules() if name.endswith('logits_tap')]
+    taps = _logits_taps(model)
     if not taps:
         raise ValueError(f'{type(model).__name__} has no attention layers of this package: nothing to show')
     maps: Dict[str, torch.Tensor] = {}

@@ -29,12 +29,34 @@ PAPER_TOP1 = {
     'sa_learned': ('SA learned emb. (12.3M params)', 91.8),
     'sa_learned_content': ('SA learned emb. + content-based att. (29.5M params)', 87.1),
 }
-CITATION = """@inproceedings{cordonnier2020relationship,
+# by arXiv id, as the cfgs' ``paper_ids`` name them
+PAPERS = {
+    '1911.03584': ('On the Relationship between Self-Attention and Convolutional Layers', """@inproceedings{Cordonnier2020On,
   title={On the Relationship between Self-Attention and Convolutional Layers},
-  author={Cordonnier, Jean-Baptiste and Loukas, Andreas and Jaggi, Martin},
+  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
   booktitle={International Conference on Learning Representations},
   year={2020}
-}"""
+}"""),
+    '1904.09925': ('Attention Augmented Convolutional Networks', """@inproceedings{Bello2019Attention,
+  title={Attention Augmented Convolutional Networks},
+  author={Irwan Bello and Barret Zoph and Ashish Vaswani and Jonathon Shlens and Quoc V. Le},
+  booktitle={Proceedings of the IEEE/CVF International Conference on Computer Vision (ICCV)},
+  pages={3286--3295},
+  year={2019}
+}"""),
+    '2102.12895': ('Evolving Attention with Residual Convolutions', """@inproceedings{Wang2021Evolving,
+  title={Evolving Attention with Residual Convolutions},
+  author={Yujing Wang and Yaming Yang and Jiangang Bai and Mingliang Zhang and Jing Bai and Jing Yu and Ce Zhang
+          and Gao Huang and Yunhai Tong},
+  booktitle={Proceedings of the 38th International Conference on Machine Learning},
+  pages={10971--10980},
+  year={2021}
+}"""),
+}
+
+
+def _papers(cfg: Dict[str, Any]) -> List[str]:
+    return [p.strip().split(':', 1)[1] for p in cfg.get('paper_ids', '').split(',') if p.strip()]
 
 
 def training_command(config: Dict[str, Any], output: str) -> str:
@@ -80,8 +102,8 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
     plt.close(fig)
 
 
-def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], run: Dict[str, Any],
-                likeness: str = '') -> str:
+def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metrics: Dict[str, Any],
+                run: Dict[str, Any], likeness: str = '') -> str:
     from huggingface_hub import EvalResult, ModelCardData
     from timm.models._hub import generate_readme
 
@@ -104,13 +126,14 @@ def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], 
         description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on CPU ({run['note']}). "
                     f"None of the paper's authors released usable weights.",
         details={
-            'Model Type': 'Image classification / attention-only network',
+            'Model Type': 'Image classification / ' + (
+                'attention-only network' if arch.startswith('sa_') else
+                'convolutional network with attention' if likeness else 'convolutional network (baseline)'),
             'Model Stats': {
                 'Params (M)': f"{report['params'] / 1e6:.3f} ({report['params']:,})",
                 'GMACs': f"{report['macs'] / 1e9:.3f} (fvcore, attention matmuls included)",
                 'Image size': '32 x 32'},
-            'Papers': {'On the Relationship between Self-Attention and Convolutional Layers':
-                       'https://arxiv.org/abs/1911.03584'},
+            'Papers': {PAPERS[p][0]: f'https://arxiv.org/abs/{p}' for p in _papers(cfg)},
             'Dataset': 'CIFAR-10',
             'Weights': f"{metrics['weights']} of the training run after {run['epochs_done']} of "
                        f"{run['epochs_planned']} epochs; sha256 {run['sha256']}",
@@ -120,7 +143,7 @@ def _model_card(arch_tag: str, report: Dict[str, Any], metrics: Dict[str, Any], 
                'data_config = timm.data.resolve_model_data_config(model)\n'
                'transform = timm.data.create_transform(**data_config, is_training=False)\n```\n'),
         comparison=comparison,
-        citation=CITATION,
+        citation='\n\n'.join(PAPERS[p][1] for p in _papers(cfg)),
     )
     body = generate_readme(card, arch_tag).split('---\n', 2)[2]  # timm's sections; its front matter has no metrics
     body += (f"\n## Measured\n`python -m timm_attnconv.evaluate --model {arch_tag} --pretrained`: "
@@ -157,7 +180,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
           record: os.PathLike = SHA256_RECORD) -> Dict[str, Any]:
     """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``."""
     from timm.models import save_for_hf
-    from .analysis import conv_likeness_table
+    from .analysis import conv_likeness_table, has_attention
     from .data import CIFAR10_CLASSES, load_cifar10, normalize
     from .flops import model_report
 
@@ -187,9 +210,9 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
                    command=training_command(config, run_dir),
                    note='training in progress' if state['epoch'] < config['epochs'] else 'finished run')
         likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],
-                                                        model.pretrained_cfg['std']))
+                                                        model.pretrained_cfg['std'])) if has_attention(model) else ''
         (Path(tmp) / 'README.md').write_text(
-            _model_card(arch_tag, model_report(config['model'], **config['model_kwargs']), metrics, run, likeness))
+            _model_card(arch_tag, model.pretrained_cfg, model_report(config['model'], **config['model_kwargs']), metrics, run, likeness))
         if folder.exists():
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)

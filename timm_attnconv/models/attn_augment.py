@@ -16,8 +16,9 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._features import feature_take_indices
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
+from ..data import CIFAR10_CLASSES
 from ..layers import AAConv2d
-from ..pretrained import resolve_pretrained_kwargs
+from ..pretrained import hub_id, resolve_pretrained_kwargs
 from ._input import check_image_batch
 from ._registry import register_model
 
@@ -316,10 +317,11 @@ def _cfg(paper: str, **kwargs) -> Dict[str, Any]:
 
 
 def _cifar_cfg(paper: str, num_classes: int = 10, **kwargs) -> Dict[str, Any]:
-    mean, std = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)) if num_classes == 10 else \
-        ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))
-    return _cfg(paper, num_classes=num_classes, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0,
-                mean=mean, std=std, **kwargs)
+    if num_classes == 10:
+        kwargs.update(mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010), label_names=CIFAR10_CLASSES)
+    else:
+        kwargs.update(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
+    return _cfg(paper, num_classes=num_classes, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({
@@ -332,7 +334,10 @@ default_cfgs = generate_default_cfgs({
         'paper Table 1: 81.6% CIFAR-100 top-1, 36.2M params, 10.9 GFLOPs; this layout gives 36.05M (spec §8.1)',
         num_classes=100),
     'aa_resnet20_cifar': _cifar_cfg('not in the paper: compact CIFAR-10 twin for CPU training'),
-    'attnconv_resnet20_cifar': _cifar_cfg('not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar'),
+    'attnconv_resnet20_cifar.c10_2ep': _cifar_cfg(
+        'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_2ep: a 2-epoch CPU schedule (the '
+        'trained CNN that Theorem 1 converts), not a converged baseline',
+        hf_hub_id=hub_id('attnconv_resnet20_cifar.c10_2ep')),
 })
 
 AA_BOTTLENECK = dict(block=Bottleneck, num_heads=8, kappa=0.2, upsilon=0.1, min_dim_head_qk=20)
