@@ -5,7 +5,7 @@
 """
 import argparse
 import json
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -87,6 +87,14 @@ def load_test_split(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tenso
     return images[:args.limit], labels[:args.limit]
 
 
+def print_result(result: Dict[str, Any], json_path: Optional[str] = None, indent: Optional[int] = None) -> None:
+    """Print ``result`` as JSON and, given ``json_path``, write it there too."""
+    print(json.dumps(result, indent=indent))
+    if json_path:
+        with open(json_path, 'w') as f:
+            json.dump(result, f, indent=2)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     parser = argparse.ArgumentParser(description='CIFAR-10 test accuracy of a timm_attnconv model.')
     add_model_args(parser)
@@ -96,10 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     images, labels = load_test_split(args)
     model = model_from_args(args).to(args.device)
     result = dict(model=args.model, **evaluate(model, images, labels, args.batch_size))
-    print(json.dumps(result))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(result, f, indent=2)
+    print_result(result, args.json)
     return result
 
 if __name__ == '__main__':

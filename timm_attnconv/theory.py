@@ -16,7 +16,6 @@ converts a trained CNN and evaluates both forms on the CIFAR-10 test images (acc
 logit difference).
 """
 import argparse
-import json
 import math
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -130,7 +129,7 @@ def convert_convs(model: nn.Module, predicate: Optional[Callable[[str, nn.Conv2d
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     """Theorem 1 on a trained network: its CIFAR-10 test results before and after :func:`convert_convs`."""
-    from .evaluate import add_model_args, load_test_split, model_from_args, predict_logits, scores
+    from .evaluate import add_model_args, load_test_split, model_from_args, predict_logits, print_result, scores
     parser = argparse.ArgumentParser(prog='python -m timm_attnconv.theory', description=main.__doc__)
     add_model_args(parser)
     parser.add_argument('--json', default=None, help='also write the result to this file')
@@ -149,10 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
         convolution=scores(conv_logits, labels), attention=scores(attention_logits, labels),
         changed_predictions=int((conv_logits.argmax(1) != attention_logits.argmax(1)).sum()),
         max_abs_logit_diff=float((conv_logits - attention_logits).abs().max()))
-    print(json.dumps(result, indent=2))
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(result, f, indent=2)
+    print_result(result, args.json, indent=2)
     return result
 
 
