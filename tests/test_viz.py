@@ -7,6 +7,8 @@ from PIL import Image
 
 from timm_attnconv.viz import main, plot_attention, plot_centers
 
+from .test_data import needs_data
+
 
 def _pixels(path):
     return np.asarray(Image.open(path).convert('L'), dtype=np.float32)
@@ -39,3 +41,25 @@ def test_cli_and_refusals(tmp_path):
     with pytest.raises(ValueError, match='no attention layers'):
         plot_attention(timm.create_model('attnconv_resnet20_cifar'), torch.zeros(1, 3, 32, 32, dtype=torch.uint8),
                        (4, 4), str(tmp_path / 'z.png'))
+
+
+@needs_data
+def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
+    from timm_attnconv.train import load_training_checkpoint, main as train_main
+    from timm_attnconv.viz import _training_snapshots
+    from .test_train import TINY
+    run, frozen = tmp_path / 'run', tmp_path / 'frozen'
+    train_main(TINY + ['--output', str(run), '--max-steps', '1'])
+    # with a zero learning rate a step leaves the weights as the run started them
+    train_main(TINY + ['--output', str(frozen), '--max-steps', '1', '--lr', '0', '--warmup-epochs', '0'])
+    ckpt = str(run / 'last.pth.tar')
+    models, titles = _training_snapshots(['init', ckpt])
+    assert titles == ['initialisation', 'epoch 0 + 1 steps']
+    start = load_training_checkpoint(str(frozen / 'last.pth.tar')).state_dict()
+    assert all(torch.equal(v, start[k]) for k, v in models[0].state_dict().items())  # the seed rebuilds the start
+    trained = load_training_checkpoint(ckpt).state_dict()
+    assert any(not torch.equal(v, trained[k]) for k, v in models[0].state_dict().items())  # one step moved it
+    assert main(['centers', '--model', 'sa_quadratic_cifar', '--checkpoints', 'init', ckpt,
+                 '--out', str(tmp_path / 'grid.png')]) == 2 * 2  # two rows of two layers
+    with pytest.raises(ValueError, match='needs at least one checkpoint'):
+        _training_snapshots(['init'])

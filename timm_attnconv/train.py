@@ -92,6 +92,12 @@ def _build(config: Dict[str, Any]) -> nn.Module:
     return timm.create_model(config['model'], num_classes=10, **config['model_kwargs'])
 
 
+def initial_model(config: Dict[str, Any]) -> nn.Module:
+    """The model exactly as a run with ``config`` starts: torch's RNG seeded with ``config['seed']``, then built."""
+    torch.manual_seed(config['seed'])
+    return _build(config)
+
+
 def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
     """The model of a loaded training checkpoint with its ``'model'`` or ``'ema'`` weights, in eval mode."""
     if state.get(key) is None:
@@ -131,7 +137,6 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     os.makedirs(args.output, exist_ok=True)
     ckpt_path = os.path.join(args.output, CHECKPOINT)
     device = torch.device(args.device)
-    torch.manual_seed(args.seed)
 
     train_x, train_y = load_cifar10(args.data_dir, 'train')
     test_x, test_y = load_cifar10(args.data_dir, 'test')
@@ -140,7 +145,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if args.eval_limit:
         test_x, test_y = test_x[:args.eval_limit], test_y[:args.eval_limit]
 
-    model = _build(config).to(device)
+    model = initial_model(config).to(device)  # seeds torch's RNG for the whole run
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     cfg = model.pretrained_cfg

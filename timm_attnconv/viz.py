@@ -13,6 +13,7 @@ attention probabilities for one query pixel, one row per layer (figs. 5–10), f
 N CIFAR-10 test images.
 """
 import argparse
+import json
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -136,6 +137,28 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
     return panels
 
 
+def _training_snapshots(paths: Sequence[str]) -> Tuple[List[nn.Module], List[str]]:
+    """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start."""
+    from .train import initial_model, load_weights
+    states = {p: torch.load(p, map_location='cpu', weights_only=True) for p in paths if p != 'init'}
+    if not states:
+        raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')
+    configs = {json.dumps(s['config'], sort_keys=True) for s in states.values()}
+    if 'init' in paths and len(configs) > 1:
+        raise ValueError('"init" is ambiguous: the checkpoints come from runs with different settings')
+    models, titles = [], []
+    for path in paths:
+        if path == 'init':
+            models.append(initial_model(next(iter(states.values()))['config']).eval())
+            titles.append('initialisation')
+            continue
+        state = states[path]
+        models.append(load_weights(state))
+        steps = state['step_in_epoch']
+        titles.append(f"epoch {state['epoch']}" + (f' + {steps} steps' if steps else ''))
+    return models, titles
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import timm
     import timm_attnconv  # noqa: F401
@@ -146,7 +169,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--model', required=True)
     parser.add_argument('--pretrained', action='store_true')
     parser.add_argument('--checkpoints', nargs='*', default=None,
-                        help='training checkpoints (last.pth.tar) to compare, one row each (centers)')
+                        help='training checkpoints (last.pth.tar) to compare, one row each (centers); "init" is the '
+                             'initialisation of the run of the other checkpoints')
     parser.add_argument('--image', default=None, help='an image file (attention); default: the first test image')
     parser.add_argument('--average', type=int, default=None, help='average over the first N CIFAR-10 test images')
     parser.add_argument('--data-dir', default=None)
@@ -156,9 +180,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.figure == 'centers':
         if args.checkpoints:
-            from .train import load_training_checkpoint
-            models = [load_training_checkpoint(c) for c in args.checkpoints]
-            return plot_centers(models, args.out, titles=[f'ckpt {i + 1}' for i in range(len(models))])
+            models, titles = _training_snapshots(args.checkpoints)
+            return plot_centers(models, args.out, titles=titles)
         return plot_centers([timm.create_model(args.model, pretrained=args.pretrained)], args.out)
     model = timm.create_model(args.model, pretrained=args.pretrained).eval()
     if args.image:
