@@ -16,7 +16,8 @@ import torch.nn as nn
 
 from .layers import PositionalSelfAttention, QuadraticScores
 
-__all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads', 'prune_degenerate_heads']
+__all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads',
+           'prune_degenerate_heads']
 
 
 def _logits_taps(model: nn.Module) -> List[Tuple[str, nn.Module]]:

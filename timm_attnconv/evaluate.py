@@ -58,7 +58,7 @@ def evaluate(
         amp_dtype: Optional[torch.dtype] = None,
         progress: bool = True,
 ) -> Dict[str, float]:
-    """Top-1 / top-5 accuracy (%) and mean cross-entropy of ``model`` on uint8 ``images`` (see :func:`predict_logits`)."""
+    """Top-1 / top-5 accuracy (%) and mean cross-entropy of ``model`` on uint8 ``images`` (:func:`predict_logits`)."""
     return scores(predict_logits(model, images, batch_size, amp_dtype, progress), labels.cpu())
 
 
@@ -106,6 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     result = dict(model=args.model, **evaluate(model, images, labels, args.batch_size))
     print_result(result, args.json)
     return result
+
 
 if __name__ == '__main__':
     main()

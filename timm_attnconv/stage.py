@@ -31,7 +31,8 @@ PAPER_TOP1 = {
 }
 # by arXiv id, as the cfgs' ``paper_ids`` name them
 PAPERS = {
-    '1911.03584': ('On the Relationship between Self-Attention and Convolutional Layers', """@inproceedings{Cordonnier2020On,
+    '1911.03584': ('On the Relationship between Self-Attention and Convolutional Layers',
+                   """@inproceedings{Cordonnier2020On,
   title={On the Relationship between Self-Attention and Convolutional Layers},
   author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
   booktitle={International Conference on Learning Representations},
@@ -212,7 +213,8 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],
                                                         model.pretrained_cfg['std'])) if has_attention(model) else ''
         (Path(tmp) / 'README.md').write_text(
-            _model_card(arch_tag, model.pretrained_cfg, model_report(config['model'], **config['model_kwargs']), metrics, run, likeness))
+            _model_card(arch_tag, model.pretrained_cfg, model_report(config['model'], **config['model_kwargs']),
+                        metrics, run, likeness))
         if folder.exists():
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
