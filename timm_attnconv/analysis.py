@@ -6,10 +6,12 @@
 * :func:`conv_likeness` is the quantitative form of Lemma 1's condition (Cordonnier et al. 2020): for each head, the
   attention mass on its most-attended relative offset, and that offset.
 * :func:`prune_degenerate_heads` is the paper's pruning of quadratic heads whose Gaussian has collapsed (§4.1,
-  spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``.
+  spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
+  params and MACs before and after, and ``python -m timm_attnconv.analysis prune`` runs it on a trained model.
 """
+import argparse
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -17,7 +19,7 @@ import torch.nn as nn
 from .layers import PositionalSelfAttention, QuadraticScores
 
 __all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads',
-           'prune_degenerate_heads']
+           'prune_degenerate_heads', 'prune_report']
 
 
 def _logits_taps(model: nn.Module) -> List[Tuple[str, nn.Module]]:
@@ -162,3 +164,45 @@ def _keep_heads(layer: PositionalSelfAttention, keep: List[int]) -> None:
     new.bias.copy_(old.bias)
     layer.proj_heads = new
     layer.num_heads = len(keep)
+
+
+def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e5) -> Dict[str, Any]:
+    """:func:`prune_degenerate_heads` on ``model`` (in place), with heads per layer, params and MACs (fvcore, one
+    image at the cfg's size) before and after."""
+    from .flops import count_macs
+    x = torch.zeros(1, *model.pretrained_cfg['input_size'])
+
+    def measure() -> Dict[str, Any]:
+        heads = [m.num_heads for m in model.modules() if isinstance(m, PositionalSelfAttention)]
+        return dict(heads=heads, params=sum(p.numel() for p in model.parameters()), macs=count_macs(model.eval(), x))
+
+    before = measure()
+    counts = prune_degenerate_heads(model, min_eig, max_cond)
+    return dict(before=before, after=measure(), num_heads=list(counts))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """``python -m timm_attnconv.analysis prune --model NAME (--pretrained | --checkpoint F) [--out pruned.safetensors]``"""
+    from safetensors.torch import save_file
+    from .evaluate import add_model_args, model_from_args, print_result
+    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.analysis', description=main.__doc__)
+    commands = parser.add_subparsers(dest='command', required=True)
+    prune = commands.add_parser('prune', help='prune degenerate quadratic heads (Cordonnier et al. §4.1)')
+    add_model_args(prune)
+    prune.add_argument('--min-eig', type=float, default=1e-5)
+    prune.add_argument('--max-cond', type=float, default=1e5)
+    prune.add_argument('--out', default=None, help='write the pruned weights (safetensors); rebuild them with '
+                                                   'timm.create_model(NAME, num_heads=<num_heads printed>)')
+    prune.add_argument('--json', default=None, help='also write the report to this file')
+    args = parser.parse_args(argv)
+    model = model_from_args(args)
+    report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond))
+    if args.out:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
+                  metadata={'num_heads': str(tuple(report['num_heads']))})
+    print_result(report, args.json, indent=2)
+    return report
+
+
+if __name__ == '__main__':
+    main()
