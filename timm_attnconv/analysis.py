@@ -182,7 +182,7 @@ def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e5)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """``python -m timm_attnconv.analysis prune --model NAME (--pretrained | --checkpoint F) [--out pruned.safetensors]``"""
+    """``python -m timm_attnconv.analysis prune --model NAME (--pretrained | --checkpoint F) [--out F.safetensors]``"""
     from safetensors.torch import save_file
     from .evaluate import add_model_args, model_from_args, print_result
     parser = argparse.ArgumentParser(prog='python -m timm_attnconv.analysis', description=main.__doc__)
