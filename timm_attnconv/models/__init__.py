@@ -1,5 +1,5 @@
 """Model families; importing this package registers every model with timm."""
-from typing import List
+from typing import List, Union
 
 import timm
 
@@ -11,6 +11,6 @@ from .sa_cordonnier import SelfAttentionNet
 MODEL_MODULES = ('sa_cordonnier', 'attn_augment', 'evolving_attention')
 
 
-def list_models(filter: str = '', pretrained: bool = False) -> List[str]:
+def list_models(filter: Union[str, List[str]] = '', pretrained: bool = False) -> List[str]:
     """Names of the models this package registers (timm's ``list_models`` restricted to its modules)."""
     return timm.list_models(filter=filter, module=list(MODEL_MODULES), pretrained=pretrained)
