@@ -81,7 +81,8 @@ def test_prune_degenerate_heads_removes_only_their_contribution():
 
 
 def test_prune_report_counts_what_went(tmp_path):
-    from timm_attnconv.analysis import main, prune_report
+    from timm_attnconv.analysis import prune_report
+    from timm_attnconv.prune import main
     model = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
     with torch.no_grad():
         model.blocks[0].attn.pos.spreads[1] = torch.tensor([[1e-4, 0.], [0., 1.]])
@@ -90,7 +91,7 @@ def test_prune_report_counts_what_went(tmp_path):
     # one head: its centre (2), spread matrix (4) and value map (16 x 16 columns of proj_heads)
     assert report['before']['params'] - report['after']['params'] == 2 + 4 + 16 * 16
     assert report['after']['macs'] < report['before']['macs']
-    out = main(['prune', '--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--out', str(tmp_path / 'p.st')])
+    out = main(['--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--out', str(tmp_path / 'p.st')])
     assert out['num_heads'] == [9] * 6 and out['after'] == out['before']  # the shipped heads are all healthy
     from safetensors.torch import load_file
     timm.create_model('sa_quadratic_tiny_cifar', num_heads=tuple(out['num_heads'])).load_state_dict(

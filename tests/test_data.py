@@ -64,8 +64,8 @@ def test_normalize():
 @needs_data
 def test_image_folder_is_what_timm_datasets_read(tmp_path):
     from timm.data import create_dataset
-    from timm_attnconv.data import main
-    main(['imagefolder', str(tmp_path), '--split', 'train', '--classes', 'dog', 'cat', '--per-class', '3',
+    from timm_attnconv.imagefolder import main
+    main([str(tmp_path), '--split', 'train', '--classes', 'dog', 'cat', '--per-class', '3',
           '--data-dir', DATA_DIR])
     dataset = create_dataset('', root=str(tmp_path), split='train')
     images, labels = load_cifar10(DATA_DIR, 'train')
@@ -74,4 +74,4 @@ def test_image_folder_is_what_timm_datasets_read(tmp_path):
     first_cat = int(torch.nonzero(labels == 3)[0, 0])
     assert np.array_equal(np.asarray(dataset[0][0]), images[first_cat].permute(1, 2, 0).numpy())  # lossless
     with pytest.raises(ValueError, match='unknown CIFAR-10 classes'):
-        main(['imagefolder', str(tmp_path), '--classes', 'kitten'])
+        main([str(tmp_path), '--classes', 'kitten'])

@@ -7,11 +7,10 @@
   attention mass on its most-attended relative offset, and that offset.
 * :func:`prune_degenerate_heads` is the paper's pruning of quadratic heads whose Gaussian has collapsed (§4.1,
   spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
-  params and MACs before and after, and ``python -m timm_attnconv.analysis prune`` runs it on a trained model.
+  params and MACs before and after, and ``python -m timm_attnconv.prune`` runs it on a trained model.
 """
-import argparse
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -180,29 +179,3 @@ def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e5)
     counts = prune_degenerate_heads(model, min_eig, max_cond)
     return dict(before=before, after=measure(), num_heads=list(counts))
 
-
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """``python -m timm_attnconv.analysis prune --model NAME (--pretrained | --checkpoint F) [--out F.safetensors]``"""
-    from safetensors.torch import save_file
-    from .evaluate import add_model_args, model_from_args, print_result
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.analysis', description=main.__doc__)
-    commands = parser.add_subparsers(dest='command', required=True)
-    prune = commands.add_parser('prune', help='prune degenerate quadratic heads (Cordonnier et al. §4.1)')
-    add_model_args(prune)
-    prune.add_argument('--min-eig', type=float, default=1e-5)
-    prune.add_argument('--max-cond', type=float, default=1e5)
-    prune.add_argument('--out', default=None, help='write the pruned weights (safetensors); rebuild them with '
-                                                   'timm.create_model(NAME, num_heads=<num_heads printed>)')
-    prune.add_argument('--json', default=None, help='also write the report to this file')
-    args = parser.parse_args(argv)
-    model = model_from_args(args)
-    report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond))
-    if args.out:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
-                  metadata={'num_heads': str(tuple(report['num_heads']))})
-    print_result(report, args.json, indent=2)
-    return report
-
-
-if __name__ == '__main__':
-    main()

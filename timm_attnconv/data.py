@@ -183,22 +183,3 @@ class EpochBatches:
                 images = random_crop_flip(images, draws)
             yield images, self.labels[idx]
 
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m timm_attnconv.data imagefolder OUT [--split test] [--classes cat dog] [--per-class N]``."""
-    import argparse
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.data', description=main.__doc__)
-    commands = parser.add_subparsers(dest='command', required=True)
-    folder = commands.add_parser('imagefolder', help=write_image_folder.__doc__.split('\n')[0])
-    folder.add_argument('out_dir')
-    folder.add_argument('--split', choices=sorted(SPLIT_SIZES), default='test')
-    folder.add_argument('--classes', nargs='+', default=None, metavar='NAME')
-    folder.add_argument('--per-class', type=int, default=None, metavar='N')
-    folder.add_argument('--data-dir', default=None, help='train.npz / test.npz folder (default ../shared/data/cifar10)')
-    args = parser.parse_args(argv)
-    paths = write_image_folder(args.out_dir, args.split, args.classes, args.per_class, args.data_dir)
-    print(f'wrote {len(paths)} images under {os.path.dirname(os.path.dirname(paths[0]))}')
-
-
-if __name__ == '__main__':
-    main()

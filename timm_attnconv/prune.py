@@ -1,0 +1,37 @@
+"""Prune the degenerate quadratic heads of a trained SA model (Cordonnier et al. 2020, §4.1) and report the heads,
+params and MACs before and after.
+
+    python -m timm_attnconv.prune --model sa_quadratic_tiny_cifar --pretrained --out pruned.safetensors
+    python -m timm_attnconv.prune --model sa_quadratic_gen_cifar --checkpoint RUN/last.pth.tar --min-eig 1e-4
+
+The pruned weights load into ``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
+"""
+import argparse
+from typing import Any, Dict, Optional, Sequence
+
+from .analysis import prune_report
+from .evaluate import add_model_args, model_from_args, print_result
+
+__all__ = ['main']
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    from safetensors.torch import save_file
+    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.prune', description=__doc__.split('\n\n')[0])
+    add_model_args(parser)
+    parser.add_argument('--min-eig', type=float, default=1e-5)
+    parser.add_argument('--max-cond', type=float, default=1e5)
+    parser.add_argument('--out', default=None, help='write the pruned weights here (safetensors)')
+    parser.add_argument('--json', default=None, help='also write the report to this file')
+    args = parser.parse_args(argv)
+    model = model_from_args(args)
+    report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond))
+    if args.out:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
+                  metadata={'num_heads': str(tuple(report['num_heads']))})
+    print_result(report, args.json, indent=2)
+    return report
+
+
+if __name__ == '__main__':
+    main()
