@@ -6,7 +6,7 @@ import torch
 
 import timm_attnconv
 from timm_attnconv.layers import set_attn_path
-from timm_attnconv.models.sa_cordonnier import checkpoint_filter_fn
+from timm_attnconv.models.sa_cordonnier import checkpoint_filter_fn, init_content_from_positional
 
 from . import original_bertimage as original
 
@@ -239,3 +239,41 @@ def test_forward_intermediates_nhwc():
         nchw = model.forward_intermediates(x, indices=[2], intermediates_only=True)[0]
         nhwc = model.forward_intermediates(x, indices=[2], output_fmt='NHWC', intermediates_only=True)[0]
     torch.testing.assert_close(nhwc, nchw.permute(0, 2, 3, 1))
+
+
+def _trained_like(model):
+    # tables and keys at the scale a trained model has, so the test is not passed by near-zero logits
+    for name, param in model.named_parameters():
+        if '.attn.pos.' in name:
+            torch.nn.init.normal_(param, std=1.0)
+    return model
+
+
+@pytest.mark.parametrize('rel_pos_score', ['query', 'head'])
+def test_content_model_warm_started_from_positional_starts_as_it(rel_pos_score):
+    torch.manual_seed(0)
+    source = _trained_like(timm.create_model('sa_learned_cifar', **SMALL)).eval()
+    model = timm.create_model('sa_learned_content_cifar', rel_pos_score=rel_pos_score, **SMALL).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = source(x)
+        assert (model(x) - expected).abs().max() > 1e-2  # a random content model differs
+        exact = init_content_from_positional(model, source, content_init_std=0.)(x)
+        assert torch.allclose(exact, expected, atol=1e-5)
+        for layer, src in zip(model.blocks, source.blocks):
+            assert torch.allclose(layer.attn.attention_logits(torch.randn(1, 16, 16, 24)).softmax(-1),
+                                  src.attn.attention_probs(torch.zeros(1, 16, 16, 24)), atol=1e-5)
+        model.init_from(source)  # the default small content init breaks symmetry and stays close
+        assert torch.allclose(model(x), expected, atol=0.05 * expected.abs().max())
+        assert model.blocks[0].attn.k.weight.abs().max() > 0
+
+
+def test_warm_start_refuses_other_sources():
+    content = timm.create_model('sa_learned_content_cifar', **SMALL)
+    with pytest.raises(ValueError, match='learned-positional model without content'):
+        init_content_from_positional(content, timm.create_model('sa_quadratic_cifar', **SMALL))
+    with pytest.raises(ValueError, match='embed_dim=16'):
+        init_content_from_positional(content, timm.create_model('sa_learned_cifar', **dict(SMALL, embed_dim=16)))
+    with pytest.raises(ValueError, match='content=True'):
+        init_content_from_positional(timm.create_model('sa_learned_cifar', **SMALL),
+                                     timm.create_model('sa_learned_cifar', **SMALL))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from timm_attnconv import evaluate as evaluate_cli
+from timm_attnconv.stage import training_command
 from timm_attnconv.train import load_training_checkpoint, main as train_main
 
 from .test_data import DATA_DIR, needs_data
@@ -49,3 +50,23 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys):
     result = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
                                 '--data-dir', DATA_DIR, '--limit', '50', '--json', str(tmp_path / 'eval.json')])
     assert result['images'] == 50 and json.load(open(tmp_path / 'eval.json'))['top1'] == result['top1']
+
+
+@needs_data
+def test_init_from_pretrained_weights(tmp_path):
+    # the shipped positional model warm-starts the content model; the run records it, and it is part of the config
+    args = ['--model', 'sa_learned_content_tiny_cifar', '--init-from', 'sa_learned_tiny_cifar.c10',
+            '--data-dir', DATA_DIR, '--train-limit', '8', '--eval-limit', '8', '--batch-size', '8', '--epochs', '1',
+            '--output', str(tmp_path), '--max-steps', '1', '--lr', '0']
+    train_main(args)
+    state = torch.load(tmp_path / 'last.pth.tar', weights_only=True)
+    assert state['config']['init_from'] == 'sa_learned_tiny_cifar.c10'
+    assert '--init-from sa_learned_tiny_cifar.c10' in training_command(state['config'], str(tmp_path))
+    import timm
+    source = timm.create_model('sa_learned_tiny_cifar', pretrained=True).eval()
+    model = load_training_checkpoint(str(tmp_path / 'last.pth.tar'))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(x), source(x), atol=0.05 * source(x).abs().max())  # lr 0: still the source
+    with pytest.raises(ValueError, match='init_from'):
+        train_main(args[:2] + args[4:])

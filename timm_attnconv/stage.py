@@ -71,6 +71,8 @@ def training_command(config: Dict[str, Any], output: str) -> str:
             parts.append(f"--{key.replace('_', '-')} {config[key]}")
     if config['model_ema']:
         parts += ['--model-ema', f"--model-ema-decay {config['model_ema_decay']}"]
+    if config.get('init_from'):
+        parts.append(f"--init-from {config['init_from']}")
     return ' \\\n    '.join(parts)
 
 
@@ -125,7 +127,10 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
         comparison += f'| paper, Table 1: {family[0]} | {family[1]:.1f}% | — |\n'
     card = dict(
         description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on CPU ({run['note']}). "
-                    f"None of the paper's authors released usable weights.",
+                    f"None of the paper's authors released usable weights." + (
+                        f" Warm-started from `{run['init_from']}` (its function carried over exactly, the content "
+                        f"term starting near zero), not trained from scratch as in the paper."
+                        if run.get('init_from') else ''),
         details={
             'Model Type': 'Image classification / ' + (
                 'attention-only network' if arch.startswith('sa_') else
@@ -208,7 +213,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
             shutil.copy(os.path.join(run_dir, LOG), Path(tmp) / 'training_log.jsonl')
             plot_training_curves(log, Path(tmp) / 'training_curves.png', f'{arch_tag}: CIFAR-10, 2 CPU cores')
         run = dict(epochs_done=f'{epochs_done:.4g}', epochs_planned=config['epochs'], sha256=digest, folder=run_dir,
-                   command=training_command(config, run_dir),
+                   command=training_command(config, run_dir), init_from=config.get('init_from'),
                    note='training in progress' if state['epoch'] < config['epochs'] else 'finished run')
         likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],
                                                         model.pretrained_cfg['std'])) if has_attention(model) else ''

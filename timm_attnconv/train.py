@@ -28,13 +28,16 @@ __all__ = ['main', 'load_training_checkpoint', 'load_weights']
 CHECKPOINT = 'last.pth.tar'
 # options that must not change between a run and its resumption
 RESUME_KEYS = ('model', 'model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs',
-               'min_lr', 'smoothing', 'model_ema', 'model_ema_decay', 'seed', 'train_limit')
+               'min_lr', 'smoothing', 'model_ema', 'model_ema_decay', 'seed', 'train_limit', 'init_from')
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--model', required=True)
     p.add_argument('--model-kwargs', type=json.loads, default={}, help='JSON dict for timm.create_model')
+    p.add_argument('--init-from', default=None,
+                   help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) instead of a random '
+                        'init; a model of another layout must support it (SelfAttentionNet.init_from)')
     p.add_argument('--data-dir', default=None, help='folder with train.npz / test.npz or cifar-10-batches-py')
     p.add_argument('--output', required=True, help='run folder: checkpoint, log.jsonl')
     p.add_argument('--epochs', type=int, default=30)
@@ -98,6 +101,18 @@ def initial_model(config: Dict[str, Any]) -> nn.Module:
     return _build(config)
 
 
+def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
+    """Load the pretrained weights ``name`` into ``model``: as they are when the layouts match, else through the
+    model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one)."""
+    import timm
+    source = timm.create_model(name, pretrained=True, num_classes=10)
+    init = getattr(model, 'init_from', None)
+    if init is not None:
+        return init(source)
+    model.load_state_dict(source.state_dict())  # strict: a mismatch names the keys
+    return model
+
+
 def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
     """The model of a loaded training checkpoint with its ``'model'`` or ``'ema'`` weights, in eval mode."""
     if state.get(key) is None:
@@ -145,7 +160,10 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     if args.eval_limit:
         test_x, test_y = test_x[:args.eval_limit], test_y[:args.eval_limit]
 
-    model = initial_model(config).to(device)  # seeds torch's RNG for the whole run
+    model = initial_model(config)  # seeds torch's RNG for the whole run
+    if args.init_from and not os.path.isfile(ckpt_path):
+        init_from_pretrained(model, args.init_from)
+    model = model.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     cfg = model.pretrained_cfg

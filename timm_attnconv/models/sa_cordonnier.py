@@ -32,7 +32,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._features import feature_take_indices
 
 from ..data import CIFAR10_CLASSES
-from ..layers import PositionalSelfAttention
+from ..layers import LearnedScores, PositionalSelfAttention
 from ..pretrained import hub_id, resolve_pretrained_kwargs
 from ._input import check_image_batch
 from ._registry import register_model
@@ -268,6 +268,71 @@ class SelfAttentionNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+    def init_from(self, source: 'SelfAttentionNet') -> 'SelfAttentionNet':
+        """Warm-start from a trained model: its weights if the layouts match, else
+        :func:`init_content_from_positional` (a content model from a learned-positional one)."""
+        if source.state_dict().keys() == self.state_dict().keys():
+            self.load_state_dict(source.state_dict())
+            return self
+        return init_content_from_positional(self, source)
+
+
+@torch.no_grad()
+def init_content_from_positional(
+        model: SelfAttentionNet,
+        source: SelfAttentionNet,
+        content_init_std: float = 1e-3,
+) -> SelfAttentionNet:
+    """Warm-start a content model from a trained learned-positional one (``w·r``, no content) so that it starts as
+    that model: a function-preserving initialisation, exact for ``content_init_std=0``.
+
+    Everything but the attention logits is copied. The content term ``q·k/√D`` starts near zero (``q``, ``k`` weights
+    ~ N(0, ``content_init_std``), ``k`` bias 0; a small non-zero std lets every query/key channel learn). The position
+    term is carried over: as is for ``rel_pos_score='head'`` (same ``w·r`` tables), and for the default ``q·r`` by
+    writing each head's ``(2M−1, heads)`` score matrix ``S = R Wᵀ`` (rank ≤ heads) as ``U√s · √s Vᵀ``: ``U√s`` becomes
+    the shared offset table, ``√s Vᵀ·√D`` the query bias, so that ``q·r/√D`` equals ``w·r`` at zero query weights.
+    Returns ``model``.
+    """
+    for name in ('embed_dim', 'num_heads', 'patch_size'):
+        if getattr(model, name) != getattr(source, name):
+            raise ValueError(f'cannot initialise from a model with {name}={getattr(source, name)} (this model has '
+                             f'{getattr(model, name)}): use a source of the same size')
+    if not all(blk.attn.content for blk in model.blocks):
+        raise ValueError('init_content_from_positional initialises content models: build one with content=True')
+    if any(blk.attn.content or not isinstance(blk.attn.pos, LearnedScores) for blk in source.blocks):
+        raise ValueError('the source must be a learned-positional model without content (e.g. sa_learned_tiny_cifar)')
+    state = {k: v for k, v in source.state_dict().items() if '.attn.pos.' not in k}
+    for i, (blk, src) in enumerate(zip(model.blocks, source.blocks)):
+        attn, pos = blk.attn, src.attn.pos
+        prefix = f'blocks.{i}.attn.'
+        q_weight = torch.randn_like(attn.q.weight) * content_init_std
+        k_weight = torch.randn_like(attn.k.weight) * content_init_std
+        state.update({prefix + 'q.weight': q_weight, prefix + 'k.weight': k_weight,
+                      prefix + 'k.bias': torch.zeros_like(attn.k.bias)})
+        if not attn.query_position:
+            state.update({f'{prefix}pos.{k}': v for k, v in pos.state_dict().items()})
+            state[prefix + 'q.bias'] = torch.zeros_like(attn.q.bias)
+            continue
+        q_bias = torch.zeros(attn.num_heads, attn.dim, dtype=attn.q.bias.dtype, device=attn.q.bias.device)
+        tables = {}
+        for axis, table, keys, channels in (
+                ('rows', pos.rows.weight, pos.row_keys.weight, slice(0, attn.pos.split)),
+                ('cols', pos.cols.weight, pos.col_keys.weight, slice(attn.pos.split, attn.dim))):
+            target = getattr(attn.pos, axis).weight
+            width = target.shape[1]
+            if table.shape[0] != target.shape[0] or attn.num_heads > width:
+                raise ValueError(f'cannot carry the {axis} scores over: {table.shape[0]} offsets and '
+                                 f'{attn.num_heads} heads vs a ({target.shape[0]}, {width}) table')
+            u, s, vh = torch.linalg.svd(table.double() @ keys.double().t(), full_matrices=False)
+            rank = s.shape[0]
+            tables[axis] = torch.zeros_like(target)
+            tables[axis][:, :rank] = (u * s.sqrt()).to(target.dtype)
+            q_bias[:, channels][:, :rank] = (vh.t() * s.sqrt() / attn.scale).to(q_bias.dtype)
+        state.update({prefix + 'pos.rows.weight': tables['rows'], prefix + 'pos.cols.weight': tables['cols'],
+                      prefix + 'q.bias': q_bias.reshape(-1)})
+    model.load_state_dict(state)
+    return model
 
 
 def _original_layout(state_dict: Dict[str, torch.Tensor]) -> bool:
