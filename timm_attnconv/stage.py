@@ -121,15 +121,15 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
             for k in (1, 5)])
     family = next((PAPER_TOP1[k] for k in sorted(PAPER_TOP1, key=len, reverse=True) if arch.startswith(k)), None)
     comparison = '| model | CIFAR-10 test top-1 | params |\n|---|---|---|\n'
-    comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs on 2 CPU cores) | {metrics['top1']:.2f}% | " \
-                  f"{report['params'] / 1e6:.3f}M |\n"
+    comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs{run['data']} on 2 CPU cores) | " \
+                  f"{metrics['top1']:.2f}% | {report['params'] / 1e6:.3f}M |\n"
     if family:
         comparison += f'| paper, Table 1: {family[0]} | {family[1]:.1f}% | — |\n'
     card = dict(
         description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on CPU ({run['note']}). "
                     f"None of the paper's authors released usable weights." + (
-                        f" Warm-started from `{run['init_from']}` (its function carried over exactly, the content "
-                        f"term starting near zero), not trained from scratch as in the paper."
+                        f" Warm-started from `{run['init_from']}` (it starts as that model, up to a content term "
+                        f"initialised near zero), not trained from scratch as in the paper."
                         if run.get('init_from') else ''),
         details={
             'Model Type': 'Image classification / ' + (
@@ -142,7 +142,7 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
             'Papers': {PAPERS[p][0]: f'https://arxiv.org/abs/{p}' for p in _papers(cfg)},
             'Dataset': 'CIFAR-10',
             'Weights': f"{metrics['weights']} of the training run after {run['epochs_done']} of "
-                       f"{run['epochs_planned']} epochs; sha256 {run['sha256']}",
+                       f"{run['epochs_planned']} epochs{run['data']}; sha256 {run['sha256']}",
         },
         usage=('```python\nimport timm\nimport timm_attnconv  # registers the models\n\n'
                f"model = timm.create_model('{arch_tag}', pretrained=True).eval()\n"
@@ -212,7 +212,9 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         if log:
             shutil.copy(os.path.join(run_dir, LOG), Path(tmp) / 'training_log.jsonl')
             plot_training_curves(log, Path(tmp) / 'training_curves.png', f'{arch_tag}: CIFAR-10, 2 CPU cores')
+        subset = config.get('train_limit')
         run = dict(epochs_done=f'{epochs_done:.4g}', epochs_planned=config['epochs'], sha256=digest, folder=run_dir,
+                   data=f' over the first {subset:,} training images' if subset else '',
                    command=training_command(config, run_dir), init_from=config.get('init_from'),
                    note='training in progress' if state['epoch'] < config['epochs'] else 'finished run')
         likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],

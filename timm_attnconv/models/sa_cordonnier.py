@@ -464,7 +464,9 @@ default_cfgs = generate_default_cfgs({
     'sa_learned_content_cifar': _cfg(notes=('Table 1 "SA learned emb. + content-based att.": 29.5M params',)),
     'sa_quadratic_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_quadratic_tiny_cifar.c10'), notes=(TINY_NOTE,)),
     'sa_learned_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_learned_tiny_cifar.c10'), notes=(TINY_NOTE,)),
-    'sa_learned_content_tiny_cifar': _cfg(notes=(TINY_NOTE,)),
+    'sa_learned_content_tiny_cifar.c10': _cfg(
+        hf_hub_id=hub_id('sa_learned_content_tiny_cifar.c10'),
+        notes=(TINY_NOTE, 'warm-started from sa_learned_tiny_cifar.c10 (init_content_from_positional)')),
 })
 
 
