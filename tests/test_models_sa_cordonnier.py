@@ -277,3 +277,5 @@ def test_warm_start_refuses_other_sources():
     with pytest.raises(ValueError, match='content=True'):
         init_content_from_positional(timm.create_model('sa_learned_cifar', **SMALL),
                                      timm.create_model('sa_learned_cifar', **SMALL))
+    with pytest.raises(ValueError, match='another layout'):
+        timm.create_model('sa_learned_cifar', **SMALL).init_from(timm.create_model('sa_quadratic_cifar', **SMALL))

@@ -275,6 +275,9 @@ class SelfAttentionNet(nn.Module):
         if source.state_dict().keys() == self.state_dict().keys():
             self.load_state_dict(source.state_dict())
             return self
+        if not all(blk.attn.content for blk in self.blocks):
+            raise ValueError('the source weights have another layout (position encoding or content) than this model; '
+                             'only a content model can start from another layout (a learned-positional source)')
         return init_content_from_positional(self, source)
 
 
