@@ -107,7 +107,7 @@ def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
     import timm
     source = timm.create_model(name, pretrained=True, num_classes=10)
     init = getattr(model, 'init_from', None)
-    if init is not None:
+    if init is not None and source.state_dict().keys() != model.state_dict().keys():
         return init(source)
     model.load_state_dict(source.state_dict())  # strict: a mismatch names the keys
     return model

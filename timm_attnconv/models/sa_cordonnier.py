@@ -270,14 +270,8 @@ class SelfAttentionNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def init_from(self, source: 'SelfAttentionNet') -> 'SelfAttentionNet':
-        """Warm-start from a trained model: its weights if the layouts match, else
-        :func:`init_content_from_positional` (a content model from a learned-positional one)."""
-        if source.state_dict().keys() == self.state_dict().keys():
-            self.load_state_dict(source.state_dict())
-            return self
-        if not all(blk.attn.content for blk in self.blocks):
-            raise ValueError('the source weights have another layout (position encoding or content) than this model; '
-                             'only a content model can start from another layout (a learned-positional source)')
+        """Warm-start from a trained model of another layout (``train --init-from``): a content model from a
+        learned-positional one, :func:`init_content_from_positional`."""
         return init_content_from_positional(self, source)
 
 
@@ -302,7 +296,9 @@ def init_content_from_positional(
             raise ValueError(f'cannot initialise from a model with {name}={getattr(source, name)} (this model has '
                              f'{getattr(model, name)}): use a source of the same size')
     if not all(blk.attn.content for blk in model.blocks):
-        raise ValueError('init_content_from_positional initialises content models: build one with content=True')
+        raise ValueError('the source weights have another layout (position encoding or content) than this model; '
+                         'only a content model (content=True) can start from another layout (a learned-positional '
+                         'source)')
     if any(blk.attn.content or not isinstance(blk.attn.pos, LearnedScores) for blk in source.blocks):
         raise ValueError('the source must be a learned-positional model without content (e.g. sa_learned_tiny_cifar)')
     state = {k: v for k, v in source.state_dict().items() if '.attn.pos.' not in k}
