@@ -61,3 +61,14 @@ def test_predict_on_the_bundled_samples_matches_the_main_job(tmp_path):
     assert len(results[0]['labels']) == 3 and results[0]['labels'][0] in timm_attnconv.data.CIFAR10_CLASSES
     with pytest.raises(FileNotFoundError, match='no such image file or folder'):
         predict.image_files([str(tmp_path / 'nope')])
+
+
+def test_predict_with_a_weights_file_matches_the_registered_weights():
+    from timm_attnconv import predict
+    from timm_attnconv.data import SAMPLES_DIR
+    from timm_attnconv.pretrained import bundled_weights_dir
+    name = timm_attnconv.list_models(pretrained=True)[0]
+    registered = predict.main([SAMPLES_DIR, '--model', name.split('.')[0], '--pretrained', '--topk', '2'])
+    from_file = predict.main([SAMPLES_DIR, '--model', name.split('.')[0], '--topk', '2', '--checkpoint',
+                              str(bundled_weights_dir() / name / 'model.safetensors')])
+    assert from_file == registered

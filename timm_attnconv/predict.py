@@ -84,7 +84,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
 
     kwargs = {} if args.num_classes is None else dict(num_classes=args.num_classes)
     if args.checkpoint:
-        kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=args.checkpoint))
+        kwargs.update(pretrained_cfg_overlay=dict(file=args.checkpoint))
     model = timm.create_model(args.model, pretrained=args.pretrained or bool(args.checkpoint), **kwargs)
     model = model.eval().to(args.device)
     if args.channels_last:
