@@ -1,7 +1,8 @@
 """Run by ``test_pretrained.py`` in a fresh interpreter, after it set ``HF_ENDPOINT`` / ``HF_HUB_CACHE`` to a loopback
 hub: huggingface_hub reads them at import, so this cannot run inside the pytest process.
 
-    python hub_client.py <arch.tag> <reference weights file> <tampered revision> → one JSON line of results
+    python hub_client.py <arch.tag> <reference weights file> <tampered revision> <tampered config revision>
+        <revision whose config names another architecture> → one JSON line of results
 """
 import json
 import sys
@@ -17,7 +18,8 @@ def _outcome(fn):
         return f'{type(e).__name__}: {e}'
 
 
-def main(arch_tag: str, reference_file: str, tampered_revision: str) -> None:
+def main(arch_tag: str, reference_file: str, tampered_revision: str, tampered_config_revision: str,
+         other_arch_revision: str) -> None:
     import huggingface_hub.constants as hub_constants
     import timm
     import timm_attnconv
@@ -38,6 +40,8 @@ def main(arch_tag: str, reference_file: str, tampered_revision: str) -> None:
         registry=_outcome(lambda: max_diff(arch)),
         hf_hub=_outcome(lambda: max_diff(f'hf-hub:{repo}')),
         tampered=_outcome(lambda: max_diff(f'hf-hub:{repo}@{tampered_revision}')),
+        tampered_config=_outcome(lambda: max_diff(f'hf-hub:{repo}@{tampered_config_revision}')),
+        other_arch=_outcome(lambda: max_diff(f'hf-hub:{repo}@{other_arch_revision}')),
     )
     hub_constants.HF_HUB_OFFLINE = True  # what HF_HUB_OFFLINE=1 sets at import
     result['offline_cached'] = _outcome(lambda: max_diff(arch))

@@ -12,13 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 import timm_attnconv
-from timm_attnconv.pretrained import HF_ORG, WEIGHTS_FILE, bundled_weights_dir, recorded_sha256, sha256_file
+from timm_attnconv.pretrained import HF_ORG, WEIGHTS_FILE, bundled_weights_dir, folder_digests, recorded_sha256
 
 from .hub_server import HubServer
 
 WEIGHTS = Path(__file__).resolve().parent.parent / 'weights'
 PRETRAINED = timm_attnconv.list_models(pretrained=True)  # 'arch.tag' names
 TAMPERED_REVISION = 'b' * 40
+TAMPERED_CONFIG_REVISION = 'c' * 40
+OTHER_ARCH_REVISION = 'd' * 40
 
 
 def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
@@ -32,7 +34,7 @@ def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
         folder = WEIGHTS / name
         for filename in ('config.json', WEIGHTS_FILE, 'README.md', 'training_log.jsonl', 'training_curves.png'):
             assert (folder / filename).is_file(), f'{folder / filename} missing'
-        assert records[cfg.hf_hub_id] == sha256_file(folder / WEIGHTS_FILE)
+        assert records[cfg.hf_hub_id] == folder_digests(folder)  # every file, config and card included
         assert json.loads((folder / 'config.json').read_text())['architecture'] == name.split('.')[0]
     assert sorted(records) == sorted(f'{HF_ORG}/{n}' for n in tags), 'a recorded file has no registered cfg'
 
@@ -41,9 +43,13 @@ def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
 def test_pretrained_loads_the_bundled_file(name):
     model = timm.create_model(name.split('.')[0], pretrained=True)  # the default tag
     shipped = load_file(WEIGHTS / name / WEIGHTS_FILE)
+    stored_dtype = json.loads((WEIGHTS / name / 'config.json').read_text()).get('weights_dtype', 'float32')
+    assert {str(v.dtype) for v in shipped.values() if v.is_floating_point()} == {f'torch.{stored_dtype}'}
     state = model.state_dict()
     assert state.keys() == shipped.keys()
-    assert all(torch.equal(state[k], shipped[k]) for k in shipped)
+    # half-precision files load into the float32 model, value for value
+    assert all(torch.equal(state[k], shipped[k].to(state[k].dtype)) for k in shipped)
+    assert {v.dtype for v in state.values() if v.is_floating_point()} == {torch.float32}
 
 
 @pytest.mark.parametrize('name', PRETRAINED)
@@ -52,7 +58,7 @@ def test_model_card_has_hub_metadata_and_the_recorded_digest(name):
     front, body = card.split('---\n')[1:3]
     assert 'library_name: timm' in front and '- timm_attnconv' in front and '- cifar10' in front
     assert 'model-index:' in front and 'name: top-1 accuracy' in front
-    assert recorded_sha256()[f'{HF_ORG}/{name}'] in body
+    assert recorded_sha256()[f'{HF_ORG}/{name}'][WEIGHTS_FILE] in body
     assert 'python -m timm_attnconv.train' in body and 'training_curves.png' in body
 
 
@@ -62,12 +68,22 @@ def test_a_name_without_weights_says_so_and_lists_alternatives():
     assert all(name in str(info.value) for name in PRETRAINED)
 
 
-def _tampered_copy(tmp_path: Path, name: str, mutate) -> Path:
-    folder = tmp_path / 'weights'
+def _tampered_copy(tmp_path: Path, name: str, mutate, filename: str = WEIGHTS_FILE, label: str = 'weights') -> Path:
+    folder = tmp_path / label
     shutil.copytree(WEIGHTS / name, folder / name)
-    path = folder / name / WEIGHTS_FILE
-    mutate(path)
+    mutate(folder / name / filename)
     return folder
+
+
+def _edit_config(**changes):
+    def edit(path: Path) -> None:
+        config = json.loads(path.read_text())
+        for key, value in changes.items():
+            if key in ('mean', 'std', 'label_names'):
+                config['pretrained_cfg'][key] = value
+            config[key] = value
+        path.write_text(json.dumps(config, indent=2))
+    return edit
 
 
 def _flip_a_byte(path: Path) -> None:
@@ -80,9 +96,9 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:1000])
 
 
+@pytest.mark.parametrize('name', ['attnconv_resnet20_cifar.c10_2ep', 'sa_quadratic_cifar.c10'])  # fp32, fp16
 @pytest.mark.parametrize('mutate', [_flip_a_byte, _truncate], ids=['tampered', 'truncated'])
-def test_a_changed_weights_file_is_refused_before_loading(tmp_path, monkeypatch, mutate):
-    name = PRETRAINED[0]
+def test_a_changed_weights_file_is_refused_before_loading(tmp_path, monkeypatch, mutate, name):
     monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', str(_tampered_copy(tmp_path, name, mutate)))
     with pytest.raises(ValueError, match='sha256.*truncated, corrupt'):
         timm.create_model(name.split('.')[0], pretrained=True)
@@ -101,22 +117,36 @@ def test_weights_dir_override_and_hub_only_mode(tmp_path, monkeypatch):
 
 def test_hub_download_path_on_a_loopback_endpoint(tmp_path):
     """The real ``huggingface_hub`` download code, in a fresh interpreter pointed at a loopback Hub."""
-    name = PRETRAINED[0]
-    tampered = _tampered_copy(tmp_path, name, _flip_a_byte)
+    name = 'sa_quadratic_cifar.c10'  # the headline: paper-size, stored in float16
+    labels = json.loads((WEIGHTS / name / 'config.json').read_text())['label_names']
+    revisions = {
+        'main': WEIGHTS,
+        TAMPERED_REVISION: _tampered_copy(tmp_path, name, _flip_a_byte),
+        # reversed labels and another normalisation: would load and mislabel every image
+        TAMPERED_CONFIG_REVISION: _tampered_copy(tmp_path, name, _edit_config(
+            label_names=labels[::-1], mean=[0.5] * 3, std=[0.5] * 3), 'config.json', 'relabelled'),
+        OTHER_ARCH_REVISION: _tampered_copy(tmp_path, name, _edit_config(architecture='attnconv_resnet20_cifar'),
+                                            'config.json', 'other_arch'),
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith('HF_')}
-    with HubServer(HF_ORG, {'main': WEIGHTS, TAMPERED_REVISION: tampered}) as hub:
+    with HubServer(HF_ORG, revisions) as hub:
         env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / 'cache'), HF_HUB_DISABLE_XET='1',
                    HF_HUB_DISABLE_TELEMETRY='1', HF_HUB_DISABLE_PROGRESS_BARS='1', HF_HUB_ETAG_TIMEOUT='5',
                    TIMM_ATTNCONV_WEIGHTS_DIR='', PYTHONPATH=os.pathsep.join([str(WEIGHTS.parent)] + sys.path))
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).with_name('hub_client.py')), name, str(WEIGHTS / name / WEIGHTS_FILE),
-             TAMPERED_REVISION], env=env, capture_output=True, text=True, timeout=300)
+             TAMPERED_REVISION, TAMPERED_CONFIG_REVISION, OTHER_ARCH_REVISION], env=env, capture_output=True, text=True,
+            timeout=300)
         requests = list(hub.requests)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result['registry'] == 0 and result['hf_hub'] == 0, result
     assert result['offline_cached'] == 0, result
     assert result['tampered'].startswith('ValueError') and 'sha256' in result['tampered']
+    assert result['tampered_config'].startswith('ValueError') and 'config.json' in result['tampered_config']
+    assert 'sha256' in result['tampered_config']
+    assert result['other_arch'].startswith('ValueError') and "names architecture 'attnconv_resnet20_cifar'" in \
+        result['other_arch'] and 'config.json' in result['other_arch']
     assert result['offline_uncached'].startswith('RuntimeError') and 'HF_HUB_OFFLINE' in result['offline_uncached']
     resolve = f'/{HF_ORG}/{name}/resolve/'
     assert ('GET', f'{resolve}main/{WEIGHTS_FILE}') in requests
@@ -149,3 +179,21 @@ def test_publish_checks_everything_up_to_the_upload_call(tmp_path, monkeypatch):
 
     with pytest.raises(ValueError, match='sha256'):
         publish.publish([str(_tampered_copy(tmp_path, name, _flip_a_byte) / name)], dry_run=True)
+
+
+def test_weights_of_our_organisation_without_a_record_are_refused(tmp_path, monkeypatch):
+    from timm_attnconv import pretrained
+    record = tmp_path / 'record.json'
+    record.write_text('{}')
+    monkeypatch.setattr(pretrained, 'SHA256_RECORD', record)
+    with pytest.raises(ValueError, match='no sha256 record'):
+        timm.create_model(PRETRAINED[0].split('.')[0], pretrained=True)
+    record.write_text('{"not json')
+    with pytest.raises(ValueError, match='not valid JSON'):
+        timm.create_model(PRETRAINED[0].split('.')[0], pretrained=True)
+
+
+def test_a_weights_dir_that_does_not_exist_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', str(tmp_path / 'nope'))
+    with pytest.raises(FileNotFoundError, match='is not a folder'):
+        timm.create_model(PRETRAINED[0].split('.')[0], pretrained=True)

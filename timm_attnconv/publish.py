@@ -3,7 +3,7 @@
     hf auth login            # or export HF_TOKEN=...
     python -m timm_attnconv.publish weights/sa_quadratic_tiny_cifar.c10 [--dry-run]
 
-Before anything is sent, each folder is checked: the Hub-layout files are present, ``model.safetensors`` has the sha256
+Before anything is sent, each folder is checked: the Hub-layout files are present, every file has the sha256
 recorded when it was staged, and the folder loads with ``timm.create_model('local-dir:<folder>', pretrained=True)``.
 The repo id is ``<HF_ORG>/<folder name>`` unless ``--repo-id`` says otherwise.
 """
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .pretrained import HF_ORG, WEIGHTS_FILE, hub_id, recorded_sha256, sha256_file
+from .pretrained import HF_ORG, WEIGHTS_FILE, folder_digests, hub_id, recorded_sha256
 
 __all__ = ['check_folder', 'publish', 'main']
 
@@ -27,17 +27,17 @@ def check_folder(folder: Path, repo_id: str) -> Dict[str, Any]:
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
     if missing:
         raise FileNotFoundError(f'{folder} lacks {", ".join(missing)}: stage it with `python -m timm_attnconv.stage`')
-    expected = recorded_sha256().get(hub_id(folder.name))
-    actual = sha256_file(folder / WEIGHTS_FILE)
-    if expected != actual:
-        raise ValueError(f'{folder / WEIGHTS_FILE} has sha256 {actual}, the record says {expected}: re-stage the '
-                         f'folder (which updates the record) instead of editing it by hand')
+    expected = recorded_sha256().get(hub_id(folder.name), {})
+    actual = folder_digests(folder)
+    changed = sorted(name for name in set(expected) | set(actual) if expected.get(name) != actual.get(name))
+    if changed:
+        raise ValueError(f'{folder}: {", ".join(changed)} differ from the sha256 record (or are missing from it or '
+                         f'the folder): re-stage the folder (which updates the record) instead of editing it by hand')
     architecture = json.loads((folder / 'config.json').read_text())['architecture']
     if architecture != folder.name.split('.')[0]:
         raise ValueError(f'{folder}/config.json names architecture {architecture!r}, not the folder\'s')
     timm.create_model(f'local-dir:{folder}', pretrained=True)
-    return dict(repo_id=repo_id, folder=str(folder), sha256=actual,
-                files=sorted(p.name for p in folder.iterdir() if p.is_file()))
+    return dict(repo_id=repo_id, folder=str(folder), sha256=actual[WEIGHTS_FILE], files=sorted(actual))
 
 
 def publish(folders: Sequence[str], repo_id: Optional[str] = None, dry_run: bool = False,
