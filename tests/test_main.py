@@ -12,10 +12,18 @@ from timm_attnconv.data import load_samples, normalize
 
 
 def test_main_job_prints_the_table(capsys):
-    main_job.main(['sa_quadratic_gen_pruned_cifar'])
+    main_job.main(['sa_quadratic_gen_pruned_cifar', '--table'])
     out = capsys.readouterr().out
     assert 'sa_quadratic_gen_pruned_cifar' in out and '9,686,916' in out and '(8, 10)' in out
     assert 'bundled test images' not in out  # no weights, no predictions
+
+
+def test_main_job_leads_with_the_paper_size_model_and_skips_the_table(capsys):
+    main_job.main([])
+    out = capsys.readouterr().out
+    assert out.split('bundled test images')[0].strip().startswith('sa_quadratic_cifar.c10')
+    assert all(f'{name} ' in out for name in timm_attnconv.list_models(pretrained=True))
+    assert 'GMACs' not in out and 'python -m timm_attnconv --table' in out
 
 
 def test_main_job_classifies_the_samples_with_pretrained_models(capsys):

@@ -229,7 +229,7 @@ def test_bf16_autocast_keeps_predictions():
 
 def test_pretrained_without_weights_is_an_error():
     with pytest.raises(RuntimeError, match='has no pretrained weights yet'):
-        timm.create_model('sa_quadratic_cifar', pretrained=True)
+        timm.create_model('sa_learned_cifar', pretrained=True)
 
 
 def test_forward_intermediates_nhwc():

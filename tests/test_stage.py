@@ -24,13 +24,15 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == [
         'README.md', 'config.json', 'model.safetensors', 'training_curves.png', 'training_log.jsonl']
     digest = sha256_file(folder / 'model.safetensors')
-    assert json.loads((tmp_path / 'sha.json').read_text()) == {'timm-attnconv/sa_quadratic_cifar.test': digest}
+    assert json.loads((tmp_path / 'sha.json').read_text()) == {'timm-attnconv/sa_quadratic_cifar.test': {
+        p.name: sha256_file(p) for p in folder.iterdir()}}  # every file: config and card change behaviour too
     assert result['sha256'] == digest and result['images'] == 64
     state = torch.load(run / 'last.pth.tar', weights_only=True)
     shipped = load_file(folder / 'model.safetensors')
     chosen = state['ema'] if result['weights'] == 'EMA weights' else state['model']
-    assert all(torch.equal(shipped[k], chosen[k.removeprefix('module.')] if k in chosen else chosen['module.' + k])
-               for k in shipped)
+    assert all(torch.equal(shipped[k], (chosen[k] if k in chosen else chosen['module.' + k]).to(shipped[k].dtype))
+               for k in shipped)  # as trained, rounded to the stored dtype that `stage` measured and chose
+    assert {str(v.dtype) for v in shipped.values()} == {f"torch.{result['stored_dtype']}"}
     card = (folder / 'README.md').read_text()
     assert 'library_name: timm' in card and f"value: {round(result['top1'], 2)}" in card
     assert 'Conv-likeness of the heads' in card and '| blocks.1.attn |' in card
@@ -42,3 +44,96 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path):
 def test_stage_needs_a_training_run(tmp_path):
     with pytest.raises(FileNotFoundError, match='no training checkpoint'):
         stage_main([str(tmp_path), '--tag', 'x'])
+
+
+@pytest.fixture(scope='module')
+def synthetic_cifar(tmp_path_factory):
+    """A folder with a test.npz of CIFAR-10's shape and random content: staging mechanics need no real data."""
+    import numpy as np
+    folder = tmp_path_factory.mktemp('cifar')
+    rng = np.random.default_rng(0)
+    np.savez(folder / 'test.npz', x=rng.integers(0, 256, (10_000, 32, 32, 3), dtype=np.uint8),
+             y=rng.integers(0, 10, 10_000))
+    return str(folder)
+
+
+def _weights_only_run(folder, model_kwargs):
+    """A run folder as a GPU machine brings one back: EMA weights, the trainer's config and log, no checkpoint."""
+    from safetensors.torch import save_file
+    folder.mkdir()
+    model = timm.create_model('sa_quadratic_tiny_cifar', num_classes=10, **model_kwargs)
+    save_file(model.state_dict(), folder / 'ema.safetensors')
+    config = dict(model='sa_quadratic_tiny_cifar', model_kwargs=model_kwargs, epochs=4, batch_size=256, opt='adamw',
+                  lr=1e-3, weight_decay=0.05, sched='cosine', warmup_epochs=1, min_lr=1e-5, smoothing=0.1,
+                  model_ema=True, model_ema_decay=0.999, seed=42, train_limit=None, init_from=None)
+    (folder / 'config.json').write_text(json.dumps(config))
+    (folder / 'log.jsonl').write_text(''.join(
+        json.dumps(dict(epoch=e, lr=1e-3 / e, train_loss=2. / e, test_top1=10. * e, test_loss=2. / e)) + '\n'
+        for e in (1, 2, 3)))
+    return model
+
+
+def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar):
+    kwargs = dict(depth=2, num_heads=3)  # not the registered architecture: config.json must say so
+    source = _weights_only_run(tmp_path / 'run', kwargs)
+    result = stage_main([str(tmp_path / 'run'), '--tag', 'gpu', '--out', str(tmp_path / 'weights'), '--data-dir',
+                         synthetic_cifar, '--limit', '32', '--record', str(tmp_path / 'sha.json'), '--dtype',
+                         'float16', '--hardware', 'one test GPU', '--extra-train-args', '--amp bf16'])
+    folder = tmp_path / 'weights' / 'sa_quadratic_tiny_cifar.gpu'
+    assert result['weights'] == 'EMA weights' and result['stored_dtype'] == 'float16'
+    stored = load_file(folder / 'model.safetensors')
+    assert {v.dtype for v in stored.values()} == {torch.float16}
+    config = json.loads((folder / 'config.json').read_text())
+    assert config['weights_dtype'] == 'float16' and config['model_args']['depth'] == 2
+    assert config['model_args']['num_heads'] == 3
+
+    model = timm.create_model(f'local-dir:{folder}', pretrained=True)  # rebuilt from config.json alone
+    assert len(model.blocks) == 2 and model.blocks[0].attn.num_heads == 3
+    state = model.state_dict()
+    assert all(state[k].dtype == torch.float32 and torch.equal(state[k], v.float()) for k, v in stored.items())
+    assert all(torch.equal(state[k], v.half().float()) for k, v in source.state_dict().items())
+
+    card = (folder / 'README.md').read_text()
+    assert 'one test GPU' in card and '3 of 4 epochs' in card and 'not resumable' in card
+    assert 'stored as float16' in card and '--amp bf16' in card and '--output training/sa_quadratic_tiny_cifar' in card
+    assert 'learning rate was 0.000333, 33.3% of its peak 0.001' in card
+
+
+def test_a_folder_that_is_no_run_is_refused_with_what_a_run_holds(tmp_path, synthetic_cifar):
+    (tmp_path / 'ema.safetensors').write_bytes(b'')
+    with pytest.raises(FileNotFoundError, match='config.json'):
+        stage_main([str(tmp_path), '--tag', 'x', '--data-dir', synthetic_cifar])
+
+
+class _SignOfRedMinusGreen(torch.nn.Module):
+    """Of 10 classes, class 0 where the mean red minus green is positive, else class 1 (a tie of zeros), through
+    weights of magnitude 1e5: beyond float16's range (65504), well inside bfloat16's."""
+
+    def __init__(self):
+        super().__init__()
+        self.pretrained_cfg = dict(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+        self.fc = torch.nn.Linear(3, 10, bias=False)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[0, :2] = torch.tensor([1e5, -1e5])
+
+    def forward(self, x):
+        return self.fc(x.mean((2, 3)))
+
+
+def test_storage_dtype_is_chosen_by_measurement(synthetic_cifar):
+    from timm_attnconv.data import load_cifar10
+    from timm_attnconv.evaluate import predict_logits
+    from timm_attnconv.stage import choose_storage_dtype, round_weights
+    images, labels = load_cifar10(synthetic_cifar, 'test')
+    images, labels = images[:64], labels[:64]
+    model = _SignOfRedMinusGreen()
+    logits = predict_logits(model, images, progress=False)
+    storage, shipped_logits = choose_storage_dtype(model, logits, images, labels)
+    float16, bfloat16 = storage['rounded']
+    assert torch.equal(shipped_logits, predict_logits(round_weights(model, torch.bfloat16), images, progress=False))
+    assert storage['dtype'] == 'bfloat16' and bfloat16['agreement'] == 1 and bfloat16['acceptable']
+    assert float16['dtype'] == 'float16' and not float16['acceptable'] and float16['agreement'] < 0.999
+    kept, kept_logits = choose_storage_dtype(model, logits, images, labels, 'float32')
+    assert kept == dict(dtype='float32', float32_top1=storage['float32_top1'], images=64, rounded=[])
+    assert kept_logits is logits

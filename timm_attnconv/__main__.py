@@ -1,10 +1,11 @@
-"""``python -m timm_attnconv``: classify the bundled CIFAR-10 samples with every pretrained model, then count and run
-every registered model.
+"""``python -m timm_attnconv``: classify the bundled CIFAR-10 samples with every pretrained model, the paper-size
+ones first; with ``--table``, also count and run every registered model.
 
-Part 1 loads each model that has weights (``pretrained=True``: the clone's ``weights/`` folder, else the Hub), prints
-its prediction for each sample image in ``timm_attnconv/samples/`` and its accuracy on them. Part 2 prints one row per
-model: parameters, GMACs (fvcore, the path the model runs), the paper-style GFLOPs and the time of one forward pass
-(after a warm-up) on a batch of 8 images at the model's default input size.
+Part 1 loads each model that has weights (``pretrained=True``: the clone's ``weights/`` folder, else the Hub), largest
+first, prints the leading model's prediction for each sample image in ``timm_attnconv/samples/`` and every model's
+accuracy on them. Part 2 (``--table``) prints one row per model: parameters, GMACs (fvcore, the path the model runs),
+the paper-style GFLOPs and the time of one forward pass (after a warm-up) on a batch of 8 images at the model's
+default input size.
 """
 import argparse
 import time
@@ -15,25 +16,32 @@ from tqdm import tqdm
 
 
 def classify_samples(names: Sequence[str]) -> Dict[str, List[int]]:
-    """Predicted class of every bundled sample image for each pretrained model in ``names``; prints the table."""
+    """Predicted class of every bundled sample image for each pretrained model in ``names``, in order of size (most
+    parameters first); prints the first model's predictions per image and every model's accuracy."""
     import timm
     from .data import CIFAR10_CLASSES, load_samples, normalize
 
     images, labels, files = load_samples()
-    predictions = {}
-    for name in names:
-        model = timm.create_model(name, pretrained=True).eval()
+    models = {name: timm.create_model(name, pretrained=True).eval() for name in names}
+    models = dict(sorted(models.items(), key=lambda item: -sum(p.numel() for p in item[1].parameters())))
+    predictions, confidences = {}, {}
+    for name, model in models.items():
         with torch.no_grad():
             probs = model(normalize(images, model.pretrained_cfg['mean'], model.pretrained_cfg['std'])).softmax(-1)
         predictions[name] = probs.argmax(-1).tolist()
-        confidence = probs.max(-1).values.tolist()
-        print(f'\n{name} ({timm.models.get_pretrained_cfg(name).hf_hub_id}) on {len(files)} bundled test images:')
+        confidences[name] = probs.max(-1).values.tolist()
+
+    for lead in list(models)[:1]:
+        print(f'\n{lead} ({timm.models.get_pretrained_cfg(lead).hf_hub_id}) on {len(files)} bundled test images:')
         print(f"{'image':20s} {'label':11s} {'predicted':11s} {'p':>5s}")
-        for file, label, pred, p in zip(files, labels.tolist(), predictions[name], confidence):
+        for file, label, pred, p in zip(files, labels.tolist(), predictions[lead], confidences[lead]):
             mark = '' if pred == label else '  ✗'
             print(f'{file:20s} {CIFAR10_CLASSES[label]:11s} {CIFAR10_CLASSES[pred]:11s} {p:5.2f}{mark}')
+    print(f"\n{'pretrained model':38s} {'params':>12s} {'accuracy on the samples':>24s}")
+    for name, model in models.items():
         correct = sum(p == t for p, t in zip(predictions[name], labels.tolist()))
-        print(f'accuracy: {correct}/{len(files)} = {100 * correct / len(files):.0f}%')
+        params = sum(p.numel() for p in model.parameters())
+        print(f'{name:38s} {params:12,d} {f"{correct}/{len(files)} = {100 * correct / len(files):.0f}%":>24s}')
     return predictions
 
 
@@ -69,11 +77,26 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import timm_attnconv
 
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('models', nargs='*', help='model names (default: all registered)')
+    parser.add_argument('models', nargs='*', help='model names (default: every model with weights; with --table, '
+                                                  'every registered model)')
+    parser.add_argument('--table', action='store_true',
+                        help='also count the FLOPs of the models and time a forward pass (all 25 models: about 8 '
+                             'minutes on 2 CPU cores)')
     args = parser.parse_args(argv)
-    names = args.models or timm_attnconv.list_models()
-    classify_samples([n for n in timm_attnconv.list_models(pretrained=True) if n.split('.')[0] in names])
-    model_table(names)
+    unknown = sorted(set(args.models) - set(timm_attnconv.list_models()))
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)}: `python -c \"import timm_attnconv; "
+                     f"print(timm_attnconv.list_models())\"` lists them")
+    pretrained = [n for n in timm_attnconv.list_models(pretrained=True) if not args.models or n.split('.')[0] in args.models]
+    if pretrained:
+        classify_samples(pretrained)
+    else:
+        print(f"none of {', '.join(args.models)} has pretrained weights: no predictions")
+    if args.table:
+        model_table(args.models or timm_attnconv.list_models())
+    else:
+        print('\nThe model table (parameters, GMACs, forward time of every registered model): '
+              'python -m timm_attnconv --table')
 
 
 if __name__ == '__main__':

@@ -1,28 +1,43 @@
 """Stage a training run as a Hub model repo in ``weights/<arch>.<tag>/`` and record its sha256.
 
     python -m timm_attnconv.stage training/sa_quadratic_tiny_cifar --tag c10
+    python -m timm_attnconv.stage ../shared/runs/sa_quadratic_cifar-h100 --tag c10 --hardware 'one NVIDIA H100 80GB'
+
+A run is the ``--output`` folder of ``python -m timm_attnconv.train``: either its training checkpoint
+``last.pth.tar``, or, for a run whose optimizer state was not kept, its weights as ``model.safetensors`` and / or
+``ema.safetensors`` beside the ``config.json`` the trainer recorded; ``log.jsonl`` in both cases.
 
 Evaluates the run's weights (and its EMA, with ``--weights auto`` the better of the two on the test set) on the 10,000
-CIFAR-10 test images, then writes with timm's ``save_for_hf``: ``config.json`` and ``model.safetensors``; and beside
-them a model card ``README.md`` with Hugging Face metadata and the measured metrics, ``training_log.jsonl`` and
-``training_curves.png``. The file's sha256 goes to ``timm_attnconv/weights_sha256.json``, which every load checks.
+CIFAR-10 test images and picks the stored dtype by measurement (``--dtype auto``: the first of float16 / bfloat16 whose
+rounded weights keep top-1 within 0.05 points and the top-1 prediction of at least 99.9% of the images, else
+float32; loads cast to the model's dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's
+model kwargs, so that it rebuilds the model as trained) and ``model.safetensors``; and beside them a model card
+``README.md`` with Hugging Face metadata and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
+The sha256 of every file of the folder goes to ``timm_attnconv/weights_sha256.json``, which loads check.
 """
 import argparse
+import copy
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .pretrained import SHA256_RECORD, WEIGHTS_FILE, hub_id, recorded_sha256, sha256_file
+from .pretrained import SHA256_RECORD, WEIGHTS_FILE, record_folder, sha256_file
 
 __all__ = ['stage', 'training_command', 'plot_training_curves', 'main']
 
 CHECKPOINT = 'last.pth.tar'
 LOG = 'log.jsonl'
+RUN_CONFIG = 'config.json'
+WEIGHTS_ONLY_FILES = {'model': 'model.safetensors', 'ema': 'ema.safetensors'}
+# a half-precision copy is stored when it changes top-1 by at most this many points and keeps this share of top-1s
+MAX_TOP1_CHANGE = 0.05
+MIN_AGREEMENT = 0.999
+STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 # Cordonnier et al. 2020, Table 1: CIFAR-10 test accuracy of the paper-size models (300 epochs, SGD, on GPUs)
 PAPER_TOP1 = {
     'sa_quadratic': ('SA quadratic emb. (12.1M params)', 93.8),
@@ -121,13 +136,14 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
             for k in (1, 5)])
     family = next((PAPER_TOP1[k] for k in sorted(PAPER_TOP1, key=len, reverse=True) if arch.startswith(k)), None)
     comparison = '| model | CIFAR-10 test top-1 | params |\n|---|---|---|\n'
-    comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs{run['data']} on 2 CPU cores) | " \
+    comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs{run['data']} on {run['hardware']}) | " \
                   f"{metrics['top1']:.2f}% | {report['params'] / 1e6:.3f}M |\n"
     if family:
-        comparison += f'| paper, Table 1: {family[0]} | {family[1]:.1f}% | — |\n'
+        comparison += f'| paper, Table 1 (300 epochs): {family[0]} | {family[1]:.1f}% | — |\n'
+    storage = run['storage']
     card = dict(
-        description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on CPU ({run['note']}). "
-                    f"None of the paper's authors released usable weights." + (
+        description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on {run['hardware']} "
+                    f"({run['note']}). None of the paper's authors released usable weights." + (
                         f" Warm-started from `{run['init_from']}` (it starts as that model, up to a content term "
                         f"initialised near zero), not trained from scratch as in the paper."
                         if run.get('init_from') else ''),
@@ -142,7 +158,8 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
             'Papers': {PAPERS[p][0]: f'https://arxiv.org/abs/{p}' for p in _papers(cfg)},
             'Dataset': 'CIFAR-10',
             'Weights': f"{metrics['weights']} of the training run after {run['epochs_done']} of "
-                       f"{run['epochs_planned']} epochs{run['data']}; sha256 {run['sha256']}",
+                       f"{run['epochs_planned']} epochs{run['data']}, stored as {storage['dtype']}; "
+                       f"sha256 {run['sha256']}",
         },
         usage=('```python\nimport timm\nimport timm_attnconv  # registers the models\n\n'
                f"model = timm.create_model('{arch_tag}', pretrained=True).eval()\n"
@@ -154,10 +171,12 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
     body = generate_readme(card, arch_tag).split('---\n', 2)[2]  # timm's sections; its front matter has no metrics
     body += (f"\n## Measured\n`python -m timm_attnconv.evaluate --model {arch_tag} --pretrained`: "
              f"top-1 {metrics['top1']:.2f}%, top-5 {metrics['top5']:.2f}%, loss {metrics['loss']:.4f} "
-             f"on the {metrics['images']:,} CIFAR-10 test images.\n"
+             f"on the {metrics['images']:,} CIFAR-10 test images.\n\n{_storage_note(storage)}\n"
              f"\n## Training\n![training curves](training_curves.png)\n\n"
-             f"Reproduce (resumable; the log of this run is `training_log.jsonl`):\n\n```bash\n{run['command']}\n```\n"
-             f"\nStaged with `python -m timm_attnconv.stage {run['folder']} --tag {arch_tag.split('.', 1)[1]}`.\n")
+             f"{run['schedule']}\n\n"
+             f"Reproduce ({'resumable; ' if run['resumable'] else ''}the log of this run is `training_log.jsonl`):"
+             f"\n\n```bash\n{run['command']}\n```\n"
+             f"\nStaged with `{run['stage_command']}`.\n")
     if likeness:
         body += ('\n## Conv-likeness of the heads\n\nPer head, the relative offset (rows, columns; key − query) that '
                  'gets the most attention and the mean attention mass on it, over the first 64 CIFAR-10 test images '
@@ -166,62 +185,165 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
     return f'---\n{data.to_yaml()}\n---\n{body}'
 
 
-def _choose_weights(state: Dict[str, Any], which: str, images, labels) -> tuple:
-    from .evaluate import evaluate
+def _storage_note(storage: Dict[str, Any]) -> str:
+    """The card's sentence on the stored dtype and what rounding to it changed on the test set."""
+    if not storage['rounded']:
+        return 'Stored as float32, the dtype it was trained in.'
+    lines = [f"Stored as {storage['dtype']} (loads cast it to the model's dtype). Measured when staging, rounding the "
+             f"float32 weights changed on the {storage['images']:,} test images:"]
+    lines += [f"- {r['dtype']}: top-1 {r['top1']:.2f}% (float32: {storage['float32_top1']:.2f}%), the same top-1 "
+              f"prediction for {r['agreement'] * 100:.2f}% of the images"
+              f"{'' if r['acceptable'] else ' (rejected: over the limits)'}" for r in storage['rounded']]
+    lines.append(f'\nLimits for a half-precision copy: top-1 within {MAX_TOP1_CHANGE} points, at least '
+                 f'{MIN_AGREEMENT * 100:.1f}% identical top-1 predictions.')
+    return '\n'.join(lines)
+
+
+def _read_run(run_dir: str) -> Dict[str, Any]:
+    """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
+    checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
+    from safetensors.torch import load_file
+
+    log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
+    ckpt = os.path.join(run_dir, CHECKPOINT)
+    if os.path.isfile(ckpt):
+        state = torch.load(ckpt, map_location='cpu', weights_only=True)
+        config = state['config']
+        steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
+        return dict(config=config, model=state.get('model'), ema=state.get('ema'), resumable=True, log=log,
+                    epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch))
+    weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_ONLY_FILES.items()
+               if os.path.isfile(os.path.join(run_dir, name))}
+    config_path = os.path.join(run_dir, RUN_CONFIG)
+    if not weights or not os.path.isfile(config_path):
+        raise FileNotFoundError(
+            f"{run_dir!r} holds no training checkpoint ({CHECKPOINT}) and no weights "
+            f"({' / '.join(WEIGHTS_ONLY_FILES.values())}) beside a run's {RUN_CONFIG}: pass the --output folder of "
+            f'a training run')
+    if not log:
+        raise FileNotFoundError(f'{run_dir!r} has weights but no {LOG}: its log says how many epochs they trained')
+    with open(config_path) as f:
+        config = json.load(f)
+    missing = [k for k in ('model', 'model_kwargs', 'epochs', 'batch_size') if k not in config]
+    if missing:
+        raise ValueError(f"{config_path!r} lacks {', '.join(missing)}: it is not a run config of "
+                         f'python -m timm_attnconv.train')
+    return dict(config=config, resumable=False, log=log, epochs_done=log[-1]['epoch'],
+                **{key: load_file(weights[key]) if key in weights else None for key in WEIGHTS_ONLY_FILES})
+
+
+def _choose_weights(run: Dict[str, Any], which: str, images, labels) -> tuple:
+    """``(logits, key, model)`` of the run's ``'model'`` or ``'ema'`` weights; ``'auto'``: the higher test top-1."""
+    from .evaluate import predict_logits, scores
     from .train import load_weights
     candidates = ['model', 'ema'] if which == 'auto' else [which]
-    if state.get('ema') is None:
-        candidates = [c for c in candidates if c != 'ema']
-        if not candidates:
-            raise ValueError('the run has no EMA weights (it was not started with --model-ema); use --weights model')
+    candidates = [c for c in candidates if run.get(c) is not None]
+    if not candidates:
+        raise ValueError(f'the run has no {which} weights' + (
+            ' (EMA weights exist only for runs started with --model-ema); use --weights model' if which == 'ema'
+            else ''))
     results = []
     for key in candidates:
-        model = load_weights(state, key)
-        results.append((evaluate(model, images, labels), key, model))
-    return max(results, key=lambda r: r[0]['top1'])
+        model = load_weights(run, key)
+        results.append((predict_logits(model, images), key, model))
+    return max(results, key=lambda r: scores(r[0], labels)['top1'])
+
+
+def round_weights(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of ``model`` whose floating-point parameters and buffers are rounded to ``dtype`` and back: the model
+    a file stored in ``dtype`` loads as."""
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for tensor in rounded.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(dtype))
+    return rounded
+
+
+def choose_storage_dtype(model: torch.nn.Module, logits: torch.Tensor, images, labels,
+                         dtype: str = 'auto') -> Tuple[Dict[str, Any], torch.Tensor]:
+    """The dtype to store ``model`` in, by measurement against its float32 ``logits`` on ``images``, and the logits
+    of the model as loaded from a file of that dtype.
+
+    ``'auto'``: float16, else bfloat16, if rounding to it keeps top-1 within ``MAX_TOP1_CHANGE`` points and the same
+    top-1 prediction on at least ``MIN_AGREEMENT`` of the images; else float32. A named dtype is stored as asked,
+    with its measurement recorded.
+    """
+    from .evaluate import predict_logits, scores
+    reference = scores(logits, labels)['top1']
+    storage = dict(dtype='float32', float32_top1=reference, images=int(labels.shape[0]), rounded=[])
+    shipped_logits = logits
+    for name in (() if dtype == 'float32' else ('float16', 'bfloat16') if dtype == 'auto' else (dtype,)):
+        rounded_logits = predict_logits(round_weights(model, STORAGE_DTYPES[name]), images)
+        top1 = scores(rounded_logits, labels)['top1']
+        agreement = (rounded_logits.argmax(-1) == logits.argmax(-1)).float().mean().item()
+        acceptable = abs(top1 - reference) <= MAX_TOP1_CHANGE and agreement >= MIN_AGREEMENT
+        storage['rounded'].append(dict(dtype=name, top1=top1, agreement=agreement, acceptable=acceptable))
+        if acceptable or dtype != 'auto':
+            storage['dtype'], shipped_logits = name, rounded_logits
+            break
+    return storage, shipped_logits
 
 
 def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights',
           data_dir: Optional[str] = None, limit: Optional[int] = None,
-          record: os.PathLike = SHA256_RECORD) -> Dict[str, Any]:
-    """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``."""
+          record: os.PathLike = SHA256_RECORD, dtype: str = 'auto', hardware: str = '2 CPU cores',
+          extra_train_args: str = '') -> Dict[str, Any]:
+    """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``.
+
+    ``hardware`` names what the run trained on, for the card; ``extra_train_args`` are training options the run used
+    that its recorded config does not hold (e.g. ``--amp bf16 --clip-grad 1.0 --device cuda``), so that the card's
+    command is the one that ran.
+    """
     from timm.models import save_for_hf
     from .analysis import conv_likeness_table, has_attention
     from .data import CIFAR10_CLASSES, load_cifar10, normalize
+    from .evaluate import scores
     from .flops import model_report
 
-    ckpt = os.path.join(run_dir, CHECKPOINT)
-    if not os.path.isfile(ckpt):
-        raise FileNotFoundError(f'no training checkpoint {ckpt!r}: pass the --output folder of a training run')
-    state = torch.load(ckpt, map_location='cpu', weights_only=True)
-    config = state['config']
+    if dtype not in ('auto', *STORAGE_DTYPES):
+        raise ValueError(f"dtype must be 'auto' or one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
+    run = _read_run(run_dir)
+    config, log = run['config'], run['log']
     arch_tag = f"{config['model']}.{tag}"
     images, labels = load_cifar10(data_dir, 'test')
     if limit:
         images, labels = images[:limit], labels[:limit]
-    metrics, key, model = _choose_weights(state, weights, images, labels)
-    metrics['weights'] = 'EMA weights' if key == 'ema' else 'weights'
-    log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
-    steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
-    epochs_done = state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch)
+    logits, key, model = _choose_weights(run, weights, images, labels)
+    storage, shipped_logits = choose_storage_dtype(model, logits, images, labels, dtype)
+    # the card states what `evaluate --pretrained` measures: the weights as stored
+    metrics = dict(scores(shipped_logits, labels), weights='EMA weights' if key == 'ema' else 'weights')
+    stored_dtype = STORAGE_DTYPES[storage['dtype']]
 
     folder = Path(out_dir) / arch_tag
     with tempfile.TemporaryDirectory(dir=out_dir if os.path.isdir(out_dir) else None) as tmp:
-        save_for_hf(model, tmp, model_config=dict(label_names=list(CIFAR10_CLASSES)), safe_serialization=True)
+        save_for_hf(copy.deepcopy(model).to(stored_dtype), tmp, safe_serialization=True,
+                    model_config=dict(label_names=list(CIFAR10_CLASSES), weights_dtype=storage['dtype']),
+                    model_args=dict(config['model_kwargs'], num_classes=model.num_classes))
         digest = sha256_file(Path(tmp) / WEIGHTS_FILE)
         if log:
             shutil.copy(os.path.join(run_dir, LOG), Path(tmp) / 'training_log.jsonl')
-            plot_training_curves(log, Path(tmp) / 'training_curves.png', f'{arch_tag}: CIFAR-10, 2 CPU cores')
+            plot_training_curves(log, Path(tmp) / 'training_curves.png', f'{arch_tag}: CIFAR-10, {hardware}')
         subset = config.get('train_limit')
-        run = dict(epochs_done=f'{epochs_done:.4g}', epochs_planned=config['epochs'], sha256=digest, folder=run_dir,
-                   data=f' over the first {subset:,} training images' if subset else '',
-                   command=training_command(config, run_dir), init_from=config.get('init_from'),
-                   note='training in progress' if state['epoch'] < config['epochs'] else 'finished run')
-        likeness = conv_likeness_table(model, normalize(images[:64], model.pretrained_cfg['mean'],
-                                                        model.pretrained_cfg['std'])) if has_attention(model) else ''
+        finished = run['epochs_done'] >= config['epochs']
+        # a run without its checkpoint cannot be resumed: the command writes a new run folder
+        output = run_dir if run['resumable'] else f"training/{config['model']}"
+        command = training_command(config, output) + (f' \\\n    {extra_train_args}' if extra_train_args else '')
+        card_run = dict(
+            epochs_done=f"{run['epochs_done']:.4g}", epochs_planned=config['epochs'], sha256=digest,
+            data=f' over the first {subset:,} training images' if subset else '', hardware=hardware,
+            command=command, init_from=config.get('init_from'), storage=storage, resumable=run['resumable'],
+            note='finished run' if finished else (
+                'training in progress' if run['resumable'] else
+                f"stopped after {run['epochs_done']:.4g} of {config['epochs']} epochs; not resumable"),
+            schedule=_schedule_note(config, log, run['epochs_done']),
+            stage_command=_stage_command(run_dir, tag, hardware, extra_train_args))
+        shipped = round_weights(model, stored_dtype)  # the model as `pretrained=True` loads the stored file
+        likeness = conv_likeness_table(shipped, normalize(images[:64], model.pretrained_cfg['mean'],
+                                                          model.pretrained_cfg['std'])) if has_attention(model) else ''
         (Path(tmp) / 'README.md').write_text(
             _model_card(arch_tag, model.pretrained_cfg, model_report(config['model'], **config['model_kwargs']),
-                        metrics, run, likeness))
+                        metrics, card_run, likeness))
         if folder.exists():
             shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -229,23 +351,47 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     folder.chmod(0o755)  # the temporary folder and safetensors' file are private to the user
     for path in folder.iterdir():
         path.chmod(0o644)
-    digests = dict(recorded_sha256(record), **{hub_id(arch_tag): digest})
-    Path(record).write_text(json.dumps(dict(sorted(digests.items())), indent=2) + '\n')
-    return dict(arch_tag=arch_tag, folder=str(folder), sha256=digest, **metrics)
+    record_folder(folder, record)
+    return dict(arch_tag=arch_tag, folder=str(folder), sha256=digest, stored_dtype=storage['dtype'],
+                storage=storage, **metrics)
+
+
+def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_done: float) -> str:
+    if not log:
+        return f"{epochs_done:.4g} of {config['epochs']} scheduled epochs."
+    last = log[-1]
+    return (f"{epochs_done:.4g} of {config['epochs']} scheduled epochs; at the last logged epoch ({last['epoch']}) the "
+            f"learning rate was {last['lr']:.3g}, {100 * last['lr'] / config['lr']:.1f}% of its peak {config['lr']:g}.")
+
+
+def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str) -> str:
+    parts = ['python -m timm_attnconv.stage', run_dir, f'--tag {tag}']
+    if hardware != '2 CPU cores':
+        parts.append(f"--hardware '{hardware}'")
+    if extra_train_args:
+        parts.append(f"--extra-train-args '{extra_train_args}'")
+    return ' '.join(parts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('run', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, log.jsonl)')
+    parser.add_argument('run', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, or '
+                                    'model.safetensors / ema.safetensors with config.json; log.jsonl)')
     parser.add_argument('--tag', required=True, help='pretrained tag, e.g. c10 → weights/<arch>.c10/')
     parser.add_argument('--weights', choices=('auto', 'model', 'ema'), default='auto',
                         help='which weights to ship; auto: the better of the two on the test set')
+    parser.add_argument('--dtype', choices=('auto', *STORAGE_DTYPES), default='auto',
+                        help='stored dtype; auto: half precision where it measurably changes nothing (see above)')
+    parser.add_argument('--hardware', default='2 CPU cores', help='what the run trained on, for the model card')
+    parser.add_argument('--extra-train-args', default='',
+                        help="training options the run used that its config does not record, for the card's command")
     parser.add_argument('--out', default='weights', help='folder of Hub-layout weight folders')
     parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
     parser.add_argument('--limit', type=int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
     args = parser.parse_args(argv)
-    result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record)
+    result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
+                   args.hardware, args.extra_train_args)
     print(json.dumps(result, indent=2))
     return result
 
