@@ -184,6 +184,20 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys):
     result = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
                                 '--data-dir', DATA_DIR, '--limit', '50', '--json', str(tmp_path / 'eval.json')])
     assert result['images'] == 50 and json.load(open(tmp_path / 'eval.json'))['top1'] == result['top1']
+    with pytest.raises(ValueError, match='is a checkpoint of sa_quadratic_cifar, not of aa_resnet20_cifar: pass '
+                                         '--model sa_quadratic_cifar'):
+        evaluate_cli.main(['--model', 'aa_resnet20_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
+                           '--data-dir', DATA_DIR, '--limit', '50'])
+
+
+@needs_data
+def test_evaluate_a_weights_file():
+    from timm_attnconv.pretrained import bundled_weights_dir
+    weights = bundled_weights_dir() / 'sa_quadratic_tiny_cifar.c10' / 'model.safetensors'
+    common = ['--model', 'sa_quadratic_tiny_cifar', '--data-dir', DATA_DIR, '--limit', '20']
+    assert evaluate_cli.main(common + ['--checkpoint', str(weights)]) == evaluate_cli.main(common + ['--pretrained'])
+    with pytest.raises(ValueError, match='--ema needs a training checkpoint'):
+        evaluate_cli.main(common + ['--checkpoint', str(weights), '--ema'])
 
 
 @needs_data
