@@ -127,6 +127,9 @@ def test_an_altered_checkpoint_is_refused(tmp_path):
     for load in (lambda: train_main(TINY + ['--output', str(tmp_path)]), lambda: load_training_checkpoint(str(path))):
         with pytest.raises(ValueError, match='does not match the sha256 digest written into it: it was altered'):
             load()
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"cannot read '{path}' as a training checkpoint .*truncated or corrupt"):
+        load_training_checkpoint(str(path))
 
 
 @needs_data

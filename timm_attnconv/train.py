@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import signal
 import time
 import warnings
@@ -235,7 +236,11 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     checkpoints carried a digest loads with a warning)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f'no training checkpoint at {path!r}')
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f'cannot read {path!r} as a training checkpoint ({type(e).__name__}: {e}): the file is '
+                         f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e
     if not isinstance(state, dict) or 'config' not in state:
         raise ValueError(f'{path!r} is not a training checkpoint of `python -m timm_attnconv.train` (it holds no run '
                          f'config; a weights file? evaluate reads those as .safetensors)')
