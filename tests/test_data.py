@@ -31,6 +31,17 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
         load_cifar10(str(tmp_path), 'test')
 
 
+def test_truncated_or_bit_flipped_npz_is_named(tmp_path):
+    np.savez(tmp_path / 'whole.npz', x=np.zeros((10, 32, 32, 3), np.uint8), y=np.zeros(10, np.int64))
+    data = (tmp_path / 'whole.npz').read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xff  # inside the x array: the zip's CRC-32 check fails
+    for damaged in (data[:len(data) // 2], bytes(flipped)):
+        (tmp_path / 'test.npz').write_bytes(damaged)
+        with pytest.raises(ValueError, match=f"cannot read '{tmp_path / 'test.npz'}' as a CIFAR-10 npz"):
+            load_cifar10(str(tmp_path), 'test')
+
+
 def test_crop_flip_matches_per_image_transforms():
     images = torch.randint(0, 256, (6, 3, 8, 10), dtype=torch.uint8)
     out = random_crop_flip(images, torch.Generator().manual_seed(3), padding=2)

@@ -1,12 +1,17 @@
-"""Training runs end to end on a tiny slice of CIFAR-10, stops cleanly and resumes exactly."""
+"""Training runs end to end on a tiny slice of CIFAR-10, stops cleanly, resumes exactly, and loses no good work: not
+to a kill at any moment, a diverging loss, a second run on the same folder or an altered checkpoint."""
 import json
+import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 
-from timm_attnconv import evaluate as evaluate_cli
+from timm_attnconv import evaluate as evaluate_cli, train as train_module
 from timm_attnconv.stage import training_command
-from timm_attnconv.train import load_training_checkpoint, main as train_main
+from timm_attnconv.train import load_training_checkpoint, main as train_main, read_checkpoint
 
 from .test_data import DATA_DIR, needs_data
 
@@ -14,32 +19,164 @@ TINY = ['--model', 'sa_quadratic_cifar', '--model-kwargs',
         json.dumps(dict(embed_dim=16, depth=2, mlp_dim=16, num_heads=3, proj_drop_rate=0.1, attn_drop_rate=0.)),
         '--data-dir', DATA_DIR, '--train-limit', '96', '--eval-limit', '50', '--batch-size', '32', '--epochs', '2',
         '--model-ema', '--warmup-epochs', '1']
+TIMING = ('train_img_s', 'epoch_seconds')  # the only log fields that may differ between two runs of one command
+
+
+class Killed(BaseException):
+    """A kill at the injected point: nothing in the trainer catches it, as nothing survives a SIGKILL."""
+
+
+def strict_log(run):
+    """The lines of ``run/log.jsonl``, parsed as strict JSON (NaN and Infinity are not JSON), without timings."""
+    def refuse(constant):
+        raise ValueError(f'{constant} in log.jsonl')
+    with open(run / 'log.jsonl') as f:
+        return [{k: v for k, v in json.loads(line, parse_constant=refuse).items() if k not in TIMING} for line in f]
+
+
+def assert_same_run(a, b):
+    a, b = (torch.load(run / 'last.pth.tar', weights_only=True) for run in (a, b))
+    for key in ('model', 'ema'):
+        for name, value in a[key].items():
+            assert torch.equal(value, b[key][name]), f'{key}.{name} differs'
+    assert a['optimizer']['state'].keys() == b['optimizer']['state'].keys()
+
+
+@pytest.fixture(scope='module')
+def whole(tmp_path_factory):
+    """An uninterrupted TINY run: what every interrupted one must end as."""
+    run = tmp_path_factory.mktemp('whole')
+    result = train_main(TINY + ['--output', str(run)])
+    assert result['epoch'] == 2 and not result['stopped']
+    return run
 
 
 @needs_data
-def test_interrupted_run_resumes_exactly(tmp_path):
-    whole = train_main(TINY + ['--output', str(tmp_path / 'whole')])
-    assert whole['epoch'] == 2 and not whole['stopped']
-    log = [json.loads(line) for line in open(tmp_path / 'whole' / 'log.jsonl')]
+def test_interrupted_run_resumes_exactly(tmp_path, whole):
+    log = strict_log(whole)
     assert [e['epoch'] for e in log] == [1, 2] and 0 <= log[-1]['test_top1'] <= 100
-
-    stopped = train_main(TINY + ['--output', str(tmp_path / 'split'), '--max-steps', '4'])
+    stopped = train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])
     assert stopped['stopped'] and stopped['epoch'] == 1 and stopped['step_in_epoch'] == 1
-    train_main(TINY + ['--output', str(tmp_path / 'split')])
+    train_main(TINY + ['--output', str(tmp_path)])
+    assert_same_run(whole, tmp_path)
+    assert strict_log(tmp_path) == log
 
-    a = torch.load(tmp_path / 'whole' / 'last.pth.tar', weights_only=True)
-    b = torch.load(tmp_path / 'split' / 'last.pth.tar', weights_only=True)
-    for key in ('model', 'ema'):
-        for name, value in a[key].items():
-            assert torch.equal(value, b[key][name]), f'{key}.{name} differs after resume'
-    assert a['optimizer']['state'].keys() == b['optimizer']['state'].keys()
+
+@needs_data
+@pytest.mark.parametrize('point', ['after the checkpoint, before the log', 'before the checkpoint rename'])
+def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, monkeypatch, point):
+    with monkeypatch.context() as m:
+        if point.startswith('after'):  # epoch 1's checkpoint is in place, its log line not yet written
+            def kill(*args):
+                raise Killed
+            m.setattr(train_module, '_write_log', kill)
+        else:  # epoch 2's checkpoint is written to its temporary file, not yet renamed over epoch 1's
+            renames, replace = [], os.replace
+
+            def kill(src, dst):
+                renames.append(dst)
+                if renames.count(dst) == 2 and dst.endswith('last.pth.tar'):
+                    raise Killed
+                replace(src, dst)
+            m.setattr(train_module.os, 'replace', kill)
+        with pytest.raises(Killed):
+            train_main(TINY + ['--output', str(tmp_path)])
+    train_main(TINY + ['--output', str(tmp_path)])
+    assert_same_run(whole, tmp_path)
+    assert strict_log(tmp_path) == strict_log(whole)
+
+
+@needs_data
+def test_a_diverging_run_stops_before_it_saves(tmp_path):
+    # one step per epoch: epoch 1 warms up from a tiny lr, epoch 2 steps with lr 1e6 and its test loss turns NaN
+    args = TINY + ['--output', str(tmp_path), '--train-limit', '32', '--epochs', '3', '--lr', '1e6']
+    with pytest.raises(FloatingPointError, match=r'diverged in epoch 2: .*Nothing was saved.*--lr.*--clip-grad'):
+        train_main(args)
+    state = read_checkpoint(str(tmp_path / 'last.pth.tar'))  # intact: its digest matches
+    assert state['epoch'] == 1 and train_module._non_finite(state) is None
+    assert [e['epoch'] for e in strict_log(tmp_path)] == [1]
+    before = (tmp_path / 'last.pth.tar').read_bytes()
+    with pytest.raises(FloatingPointError, match='diverged in epoch 2'):
+        train_main(args)  # the same command repeats the divergence, and again keeps epoch 1
+    assert (tmp_path / 'last.pth.tar').read_bytes() == before
+
+
+@needs_data
+def test_one_run_per_output_folder(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_EX); '
+                               'f.write("4242"); f.flush(); print("locked", flush=True); time.sleep(60)',
+         str(tmp_path / 'train.lock')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'locked'
+        with pytest.raises(RuntimeError, match=rf"another training run \(pid 4242\) is using '{tmp_path}'"):
+            train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])
+    finally:
+        holder.kill()  # the OS releases a dead process's lock: nothing is left to clean up
+        holder.wait()
+    assert train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])['stopped']
+
+
+@needs_data
+def test_an_altered_checkpoint_is_refused(tmp_path):
+    train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])
+    path = tmp_path / 'last.pth.tar'
+    state = torch.load(path, weights_only=True)
+    state['model']['head.bias'] += 1
+    torch.save(state, path)
+    for load in (lambda: train_main(TINY + ['--output', str(tmp_path)]), lambda: load_training_checkpoint(str(path))):
+        with pytest.raises(ValueError, match='does not match the sha256 digest written into it: it was altered'):
+            load()
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=f"cannot read '{path}' as a training checkpoint .*truncated or corrupt"):
+        load_training_checkpoint(str(path))
+
+
+@needs_data
+def test_a_checkpoint_from_before_digests_loads_and_resumes(tmp_path, whole):
+    # written by the trainer as it was before checkpoints carried a digest, their log and the newer options
+    train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])
+    path = tmp_path / 'last.pth.tar'
+    state = torch.load(path, weights_only=True)
+    for key in ('sha256', 'log', 'scaler', 'runtime'):
+        del state[key]
+    for key in ('clip_grad', 'amp', 'eval_limit', 'train_data', 'test_data'):
+        del state['config'][key]
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match='not verified'):
+        assert load_training_checkpoint(str(path)).num_classes == 10
+    # a missing option means its default: the run, started with --eval-limit 50, now counts as having had none
+    with pytest.warns(UserWarning, match='not verified'), \
+            pytest.raises(ValueError, match='eval_limit: checkpoint None vs now 50'):
+        train_main(TINY + ['--output', str(tmp_path)])
+    state['config']['eval_limit'] = 50
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match='not verified'):
+        train_main(TINY + ['--output', str(tmp_path)])
+    assert_same_run(whole, tmp_path)
+    assert strict_log(tmp_path) == strict_log(whole)  # epoch 1's line came from the old log.jsonl
 
 
 @needs_data
 def test_resume_with_other_settings_is_refused(tmp_path):
-    train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])
-    with pytest.raises(ValueError, match="lr: checkpoint 0.002 vs now 0.1"):
-        train_main(TINY + ['--output', str(tmp_path), '--lr', '0.1'])
+    run = tmp_path / 'run'
+    train_main(TINY + ['--output', str(run), '--max-steps', '1'])
+    other_images, same_images = tmp_path / 'other', tmp_path / 'same'
+    for folder in (other_images, same_images):
+        folder.mkdir()
+        (folder / 'test.npz').symlink_to(os.path.abspath(os.path.join(DATA_DIR, 'test.npz')))
+    (same_images / 'train.npz').symlink_to(os.path.abspath(os.path.join(DATA_DIR, 'train.npz')))
+    np.savez_compressed(other_images / 'train.npz', x=np.zeros((50_000, 32, 32, 3), np.uint8),
+                        y=np.zeros(50_000, np.int64))
+    for change, message in [(['--lr', '0.1'], 'lr: checkpoint 0.002 vs now 0.1'),
+                            (['--clip-grad', '1'], 'clip_grad: checkpoint None vs now 1.0'),
+                            (['--amp', 'bf16'], "amp: checkpoint 'none' vs now 'bf16'"),
+                            (['--eval-limit', '40'], 'eval_limit: checkpoint 50 vs now 40'),
+                            (['--data-dir', str(other_images)], r'train_data \(--data-dir / --train-limit\)')]:
+        with pytest.raises(ValueError, match=message):
+            train_main(TINY + ['--output', str(run)] + change)
+    # the same images elsewhere are the same run
+    assert train_main(TINY + ['--output', str(run), '--data-dir', str(same_images), '--max-steps', '2'])['stopped']
 
 
 @needs_data
@@ -50,6 +187,20 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys):
     result = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
                                 '--data-dir', DATA_DIR, '--limit', '50', '--json', str(tmp_path / 'eval.json')])
     assert result['images'] == 50 and json.load(open(tmp_path / 'eval.json'))['top1'] == result['top1']
+    with pytest.raises(ValueError, match='is a checkpoint of sa_quadratic_cifar, not of aa_resnet20_cifar: pass '
+                                         '--model sa_quadratic_cifar'):
+        evaluate_cli.main(['--model', 'aa_resnet20_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
+                           '--data-dir', DATA_DIR, '--limit', '50'])
+
+
+@needs_data
+def test_evaluate_a_weights_file():
+    from timm_attnconv.pretrained import bundled_weights_dir
+    weights = bundled_weights_dir() / 'sa_quadratic_tiny_cifar.c10' / 'model.safetensors'
+    common = ['--model', 'sa_quadratic_tiny_cifar', '--data-dir', DATA_DIR, '--limit', '20']
+    assert evaluate_cli.main(common + ['--checkpoint', str(weights)]) == evaluate_cli.main(common + ['--pretrained'])
+    with pytest.raises(ValueError, match='--ema needs a training checkpoint'):
+        evaluate_cli.main(common + ['--checkpoint', str(weights), '--ema'])
 
 
 @needs_data

@@ -9,6 +9,8 @@ A 2-core machine cannot afford per-image Python transforms: the whole split live
 is cropped (zero padding 4, as ``RandomCrop(32, padding=4)``) and flipped with tensor indexing.
 """
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -60,7 +62,7 @@ def _read_npz(path: str) -> Tuple[np.ndarray, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return data['x'], data['y']
-    except (OSError, ValueError, KeyError, EOFError) as e:  # zip errors surface as OSError / ValueError
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated, bit rot
         raise ValueError(f'cannot read {path!r} as a CIFAR-10 npz (arrays x and y): {e}; re-copy the file') from e
 
 

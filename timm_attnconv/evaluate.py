@@ -63,18 +63,24 @@ def evaluate(
 
 
 def model_from_args(args: argparse.Namespace) -> nn.Module:
-    """The model named by ``--model`` with ``--pretrained`` weights or a ``--checkpoint`` (``--ema``: its EMA)."""
+    """The model named by ``--model`` with ``--pretrained`` weights or a ``--checkpoint``: a training checkpoint of
+    that architecture (``--ema``: its EMA weights) or a ``.safetensors`` weights file."""
     import timm
     from .train import load_training_checkpoint
-    if args.checkpoint:
-        return load_training_checkpoint(args.checkpoint, use_ema=args.ema)
-    return timm.create_model(args.model, pretrained=args.pretrained)
+    weights_file = bool(args.checkpoint) and args.checkpoint.endswith('.safetensors')
+    if args.checkpoint and not weights_file:
+        return load_training_checkpoint(args.checkpoint, use_ema=args.ema, model_name=args.model)
+    if args.ema:
+        raise ValueError('--ema needs a training checkpoint (last.pth.tar of a run with --model-ema) as --checkpoint')
+    overlay = dict(pretrained_cfg_overlay=dict(file=args.checkpoint)) if weights_file else {}
+    return timm.create_model(args.model, pretrained=args.pretrained or weights_file, **overlay)
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--model', required=True)
     parser.add_argument('--pretrained', action='store_true', help='load the registered pretrained weights')
-    parser.add_argument('--checkpoint', default=None, help='a training checkpoint of `python -m timm_attnconv.train`')
+    parser.add_argument('--checkpoint', default=None,
+                        help='a training checkpoint of `python -m timm_attnconv.train` or a .safetensors weights file')
     parser.add_argument('--ema', action='store_true', help='evaluate the EMA weights of --checkpoint')
     parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
     parser.add_argument('--limit', type=int, default=None, help='first N test images only')

@@ -2,19 +2,27 @@
 
     python -m timm_attnconv.train --model sa_quadratic_tiny_cifar --output runs/sa_quadratic_tiny_cifar
 
-Every epoch ends with a test-set evaluation, one JSON line in ``<output>/log.jsonl`` and an atomic checkpoint
-``<output>/last.pth.tar`` (model, optimizer, scheduler, EMA, RNG, epoch and step). Running the same command again
-resumes exactly where the last checkpoint left off; Ctrl-C or SIGTERM stops at the next step and writes a
-checkpoint first. Batches come from :class:`timm_attnconv.data.EpochBatches`, which fixes every batch by
-``(seed, epoch, step)``, so a resumed run sees the same data as an uninterrupted one.
+Every epoch ends with a test-set evaluation and an atomic checkpoint ``<output>/last.pth.tar`` (model, optimizer,
+scheduler, EMA, RNG, epoch and step, the run's log and a sha256 digest of all of it); ``<output>/log.jsonl``, one
+strict-JSON line per epoch, is then rewritten from the checkpoint, so a kill at any moment loses no line. Running the
+same command again resumes exactly where the last checkpoint left off; options that would change the result are
+refused, and so is a checkpoint that no longer matches its digest. Ctrl-C or SIGTERM stops at the next step and writes
+a checkpoint first. A NaN or infinite loss, weight or test loss stops the run before it saves, so the last good
+checkpoint stays. One run at a time holds an output folder (``train.lock``). Batches come from
+:class:`timm_attnconv.data.EpochBatches`, which fixes every batch by ``(seed, epoch, step)``, so a resumed run sees the
+same data as an uninterrupted one.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
+import pickle
 import signal
 import time
-from typing import Any, Dict, Optional, Sequence
+import warnings
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -23,12 +31,24 @@ from tqdm import tqdm
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
 
-__all__ = ['main', 'load_training_checkpoint', 'load_weights']
+__all__ = ['main', 'read_checkpoint', 'load_training_checkpoint', 'load_weights']
 
 CHECKPOINT = 'last.pth.tar'
-# options that must not change between a run and its resumption
+LOG = 'log.jsonl'
+LOCK = 'train.lock'
+# options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
+# test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
 RESUME_KEYS = ('model', 'model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs',
-               'min_lr', 'smoothing', 'model_ema', 'model_ema_decay', 'seed', 'train_limit', 'init_from')
+               'min_lr', 'smoothing', 'clip_grad', 'model_ema', 'model_ema_decay', 'amp', 'seed', 'train_limit',
+               'eval_limit', 'init_from')
+# sha256 prefixes of the images a run trains and tests on, checked on resume too, with the options that pick them:
+# the images matter, not their path (a moved copy of the data resumes)
+DATA_KEYS = {'train_data': '--data-dir / --train-limit', 'test_data': '--data-dir / --eval-limit'}
+# how a run executes, not what it computes (they change it by float rounding only): free to change on resume, and
+# recorded in every log line, whose throughput depends on them
+RUNTIME_KEYS = ('device', 'channels_last', 'compile')
+DIVERGED_FIX = ('running the same command again repeats it; start over with another --output and a lower --lr, '
+                '--clip-grad (e.g. 1.0) or more --warmup-epochs')
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--warmup-epochs', type=int, default=1)
     p.add_argument('--min-lr', type=float, default=1e-5)
     p.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
-    p.add_argument('--clip-grad', type=float, default=None)
+    p.add_argument('--clip-grad', type=float, default=None, help='clip the gradient norm to this value')
     p.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3)')
     p.add_argument('--model-ema-decay', type=float, default=0.999)
     p.add_argument('--amp', choices=('none', 'bf16', 'fp16'), default='none',
@@ -59,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     p.add_argument('--seed', type=int, default=42)
     p.add_argument('--train-limit', type=int, default=None, help='first N training images only (smoke tests)')
-    p.add_argument('--eval-limit', type=int, default=None, help='first N test images only (smoke tests)')
+    p.add_argument('--eval-limit', type=int, default=None,
+                   help='first N test images only (smoke tests); fixed for the run, so its log compares like with like')
     p.add_argument('--max-steps', type=int, default=None, help='stop (with a checkpoint) after this many steps')
     p.add_argument('--no-resume', action='store_true', help='refuse to start if the output holds a checkpoint')
     return p
@@ -80,14 +101,111 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _atomic_save(obj: Any, path: str) -> None:
+@contextmanager
+def _exclusive(output: str) -> Iterator[None]:
+    """Hold ``<output>/train.lock`` while a run uses the folder, so that a second run fails at once instead of
+    interleaving checkpoints and log lines. The OS drops the lock with the process: a killed run leaves nothing to
+    clean up. The file stays (deleting it would let two runs lock two different files)."""
+    import fcntl  # POSIX only
+    with open(os.path.join(output, LOCK), 'a+') as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            raise RuntimeError(f"another training run{f' (pid {holder})' if holder else ''} is using {output!r} "
+                               f'(it holds {LOCK}); wait for it to finish or pass another --output') from None
+        f.seek(0)
+        f.truncate()
+        f.write(f'{os.getpid()}\n')
+        f.flush()
+        yield
+
+
+def _atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` through a temporary file, synced to disk, then renamed over it: a reader, or a run killed at any
+    moment, sees the old file or the new one, never a part of either."""
     tmp = path + '.tmp'
-    torch.save(obj, tmp)
+    with open(tmp, 'wb') as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def _config(args: argparse.Namespace) -> Dict[str, Any]:
-    return {k: getattr(args, k) for k in RESUME_KEYS}
+def _write_log(entries: List[Dict[str, Any]], path: str) -> None:
+    """``log.jsonl`` as the checkpoint records it: one strict-JSON line (no NaN) per finished epoch."""
+    text = ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in entries)
+    _atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def _logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
+    """The log entries of the epochs a checkpoint has finished: its own record or, for a checkpoint written before it
+    carried one, those lines of ``log.jsonl``."""
+    if 'log' in state:
+        return state['log']
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path) as f:
+        return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
+
+
+def _hash_into(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f'tensor {t.dtype} {list(t.shape)};'.encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(obj, dict):
+        h.update(f'dict {len(obj)};'.encode())
+        for key, value in obj.items():
+            _hash_into(h, key)
+            _hash_into(h, value)
+    elif isinstance(obj, (list, tuple)):
+        h.update(f'{type(obj).__name__} {len(obj)};'.encode())
+        for value in obj:
+            _hash_into(h, value)
+    else:
+        h.update(f'{type(obj).__name__} {obj!r};'.encode())
+
+
+def _digest(state: Dict[str, Any]) -> str:
+    """sha256 of a checkpoint's contents but its ``'sha256'``: tensors by dtype, shape and bytes, other values by type
+    and repr, in order. It hashes what was saved, not torch's file format, so a torch upgrade does not change it."""
+    h = hashlib.sha256()
+    _hash_into(h, {k: v for k, v in state.items() if k != 'sha256'})
+    return h.hexdigest()
+
+
+def _data_digest(images: torch.Tensor, labels: torch.Tensor) -> str:
+    h = hashlib.sha256(images.contiguous().numpy())
+    h.update(labels.contiguous().numpy())
+    return h.hexdigest()[:16]
+
+
+def _non_finite(obj: Any, name: str = '') -> Optional[str]:
+    """``'<name> = nan'`` for the first NaN or infinity in ``obj`` (tensors and floats, in nested dicts and lists)."""
+    if isinstance(obj, torch.Tensor):
+        return f'{name} holds NaN or inf' if obj.is_floating_point() and not torch.isfinite(obj).all() else None
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else f'{name} = {obj}'
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite(value, f'{name}.{key}' if name else str(key))
+        if found:
+            return found
+    return None
+
+
+def _refuse_non_finite(obj: Any, when: str, ckpt_path: str) -> None:
+    """Stop a diverged run before it saves: its checkpoint would replace the last good one with NaN or inf."""
+    problem = _non_finite(obj)
+    if problem:
+        kept = f'{ckpt_path!r} keeps the last good state' if os.path.isfile(ckpt_path) else 'there is no checkpoint'
+        raise FloatingPointError(f'the run diverged in {when}: {problem}. Nothing was saved ({kept}); {DIVERGED_FIX}')
+
+
+def _config(args: argparse.Namespace, data: Dict[str, str]) -> Dict[str, Any]:
+    return dict({k: getattr(args, k) for k in RESUME_KEYS}, **data)
 
 
 def _build(config: Dict[str, Any]) -> nn.Module:
@@ -113,6 +231,28 @@ def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
+def read_checkpoint(path: str) -> Dict[str, Any]:
+    """A training checkpoint, loaded on the CPU and checked against the sha256 digest it carries (one from before
+    checkpoints carried a digest loads with a warning)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'no training checkpoint at {path!r}')
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        raise ValueError(f'cannot read {path!r} as a training checkpoint ({type(e).__name__}: {e}): the file is '
+                         f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e
+    if not isinstance(state, dict) or 'config' not in state:
+        raise ValueError(f'{path!r} is not a training checkpoint of `python -m timm_attnconv.train` (it holds no run '
+                         f'config; a weights file? evaluate reads those as .safetensors)')
+    if 'sha256' not in state:
+        warnings.warn(f'{path!r} was written before training checkpoints carried a sha256 digest: its contents are '
+                      f'not verified')
+    elif _digest(state) != state['sha256']:
+        raise ValueError(f'{path!r} does not match the sha256 digest written into it: it was altered or corrupted '
+                         f'after training saved it. Restore it from a copy, or start over with another --output')
+    return state
+
+
 def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
     """The model of a loaded training checkpoint with its ``'model'`` or ``'ema'`` weights, in eval mode."""
     if state.get(key) is None:
@@ -123,42 +263,63 @@ def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
     return model.eval()
 
 
-def load_training_checkpoint(path: str, use_ema: bool = False) -> nn.Module:
-    """The model of a training checkpoint file (its EMA weights with ``use_ema``), in eval mode."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'no training checkpoint at {path!r}')
-    state = torch.load(path, map_location='cpu', weights_only=True)
+def load_training_checkpoint(path: str, use_ema: bool = False, model_name: Optional[str] = None) -> nn.Module:
+    """The model of a training checkpoint file (its EMA weights with ``use_ema``), in eval mode. ``model_name``: the
+    architecture the caller expects; a checkpoint of another one is refused."""
+    state = read_checkpoint(path)
+    trained = state['config']['model']
+    if model_name is not None and model_name.split('.')[0] != trained.split('.')[0]:
+        raise ValueError(f'{path!r} is a checkpoint of {trained}, not of {model_name}: pass --model {trained}')
     try:
         return load_weights(state, 'ema' if use_ema else 'model')
     except ValueError as e:
         raise ValueError(f'{path!r}: {e}') from e
 
 
-def _check_resumable(state: Dict[str, Any], config: Dict[str, Any], path: str) -> None:
-    diff = {k: (state['config'].get(k), config[k]) for k in RESUME_KEYS if state['config'].get(k) != config[k]}
+def _check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) -> None:
+    defaults = {k: _parser().get_default(k) for k in RESUME_KEYS}
+    diff = [f'{k}: checkpoint {saved.get(k, defaults[k])!r} vs now {config[k]!r}'
+            for k in RESUME_KEYS if saved.get(k, defaults[k]) != config[k]]
+    diff += [f'{k} ({options}): checkpoint {saved[k]} vs now {config[k]}'
+             for k, options in DATA_KEYS.items() if k in saved and saved[k] != config[k]]
     if diff:
-        lines = ', '.join(f'{k}: checkpoint {old!r} vs now {new!r}' for k, (old, new) in diff.items())
-        raise ValueError(f'cannot resume {path!r} with different settings ({lines}); use the original options '
-                         f'or another --output folder')
+        raise ValueError(f"cannot resume {path!r} with different settings ({'; '.join(diff)}): the result would "
+                         f'differ from an uninterrupted run. Use the original options or another --output folder')
+    if any(k not in saved for k in DATA_KEYS):
+        print(f'note: {path!r} predates data digests; the images under --data-dir are not checked against the run')
+
+
+def _note_runtime_change(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> None:
+    changed = [f'{k} {now[k]} (was {before[k]})' for k in RUNTIME_KEYS if before and before.get(k) != now[k]]
+    if changed:
+        print(f"note: resumed with {', '.join(changed)}: results change by float rounding only, so the run need not "
+              f'match an uninterrupted one bit for bit')
+
+
+def _load_data(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    train_x, train_y = load_cifar10(args.data_dir, 'train')
+    test_x, test_y = load_cifar10(args.data_dir, 'test')
+    train_limit, eval_limit = args.train_limit or None, args.eval_limit or None
+    return train_x[:train_limit], train_y[:train_limit], test_x[:eval_limit], test_y[:eval_limit]
 
 
 def train(args: argparse.Namespace) -> Dict[str, Any]:
+    os.makedirs(args.output, exist_ok=True)
+    with _exclusive(args.output):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> Dict[str, Any]:
     from timm.loss import LabelSmoothingCrossEntropy
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
     from timm.utils import ModelEmaV3
 
-    config = _config(args)
-    os.makedirs(args.output, exist_ok=True)
-    ckpt_path = os.path.join(args.output, CHECKPOINT)
+    ckpt_path, log_path = os.path.join(args.output, CHECKPOINT), os.path.join(args.output, LOG)
     device = torch.device(args.device)
-
-    train_x, train_y = load_cifar10(args.data_dir, 'train')
-    test_x, test_y = load_cifar10(args.data_dir, 'test')
-    if args.train_limit:
-        train_x, train_y = train_x[:args.train_limit], train_y[:args.train_limit]
-    if args.eval_limit:
-        test_x, test_y = test_x[:args.eval_limit], test_y[:args.eval_limit]
+    train_x, train_y, test_x, test_y = _load_data(args)
+    config = _config(args, dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)))
+    runtime = {k: getattr(args, k) for k in RUNTIME_KEYS}
 
     model = initial_model(config)  # seeds torch's RNG for the whole run
     if args.init_from and not os.path.isfile(ckpt_path):
@@ -180,31 +341,51 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
     grad_scaler = torch.amp.GradScaler(device.type) if args.amp == 'fp16' else None
     forward = torch.compile(model) if args.compile else model
 
-    epoch, step_in_epoch, global_step = 0, 0, 0
+    epoch, step_in_epoch, global_step, log = 0, 0, 0, []
+    loss_sum, loss_images = 0., 0  # of the epoch so far: a resumed epoch logs the mean over all its steps
     if os.path.isfile(ckpt_path):
         if args.no_resume:
             raise FileExistsError(f'{ckpt_path!r} exists and --no-resume was given')
-        state = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-        _check_resumable(state, config, ckpt_path)
+        state = read_checkpoint(ckpt_path)
+        _check_resumable(state['config'], config, ckpt_path)
+        log = _logged_epochs(state, log_path)
+        problem = _non_finite(dict(state, log=log))
+        if problem:  # saved by a trainer from before the divergence check
+            raise FloatingPointError(f'{ckpt_path!r} holds {problem}: it was saved after the run diverged; '
+                                     f'{DIVERGED_FIX}')
         model.load_state_dict(state['model'])
         optimizer.load_state_dict(state['optimizer'])
         scheduler.load_state_dict(state['scheduler'])
         if ema is not None:
             ema.load_state_dict(state['ema'])
+        if grad_scaler is not None and state.get('scaler') is not None:
+            grad_scaler.load_state_dict(state['scaler'])
         torch.set_rng_state(state['rng'])
         epoch, step_in_epoch, global_step = state['epoch'], state['step_in_epoch'], state['global_step']
-        print(f'resumed {ckpt_path} at epoch {epoch}, step {step_in_epoch}')
+        loss_sum, loss_images = state.get('loss_sum', 0.), state.get('loss_images', 0)
+        _write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
+        _note_runtime_change(state.get('runtime'), runtime)
+        print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
+    elif os.path.isfile(log_path):
+        raise FileExistsError(f'{log_path!r} exists without a checkpoint beside it: it is the log of another run. Move '
+                              f'it away or pass another --output')
     else:
         scheduler.step_update(0)
 
-    def save():
-        _atomic_save(dict(
-            config=config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
+    def save(when: str) -> None:
+        state = dict(
+            config=config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step, loss_sum=loss_sum,
+            loss_images=loss_images,
             model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-            ema=ema.state_dict() if ema is not None else None, rng=torch.get_rng_state()), ckpt_path)
+            ema=ema.state_dict() if ema is not None else None,
+            scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
+            rng=torch.get_rng_state(), runtime=runtime, log=log)
+        _refuse_non_finite(state, when, ckpt_path)
+        state['sha256'] = _digest(state)
+        _atomic_write(ckpt_path, lambda f: torch.save(state, f))
+        _write_log(log, log_path)  # after the checkpoint, which holds the log: a kill in between loses no line
 
     stop = _StopFlag()
-    log_path = os.path.join(args.output, 'log.jsonl')
     result: Dict[str, Any] = dict(stopped=False, epoch=epoch)
     try:
         while epoch < args.epochs:
@@ -212,7 +393,7 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
             batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, epoch)
             bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f'epoch {epoch + 1}/{args.epochs}',
                        unit='batch', dynamic_ncols=True)
-            loss_sum, seen, start = 0., 0, time.perf_counter()
+            seen, start = 0, time.perf_counter()
             for images, labels in batches.iterate(step_in_epoch):
                 x = normalize(images.to(device), cfg['mean'], cfg['std'])
                 if args.channels_last:
@@ -220,8 +401,8 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                 y = labels.to(device)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     loss = criterion(forward(x), y)
-                if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f'loss is {loss.item()} at epoch {epoch}, step {step_in_epoch}')
+                _refuse_non_finite({'the training loss': loss.item()},
+                                   f'epoch {epoch + 1}, step {step_in_epoch + 1}', ckpt_path)
                 optimizer.zero_grad(set_to_none=True)
                 if grad_scaler is not None:
                     grad_scaler.scale(loss).backward()
@@ -241,29 +422,30 @@ def train(args: argparse.Namespace) -> Dict[str, Any]:
                 if ema is not None:
                     ema.update(model, step=global_step)
                 loss_sum += loss.item() * y.shape[0]
+                loss_images += y.shape[0]
                 seen += y.shape[0]
                 bar.update()
                 bar.set_postfix(loss=f'{loss.item():.3f}', img_s=f'{seen / (time.perf_counter() - start):.0f}',
                                 lr=f"{optimizer.param_groups[0]['lr']:.2e}")
                 if stop.requested or (args.max_steps and global_step >= args.max_steps):
                     bar.close()
-                    save()
-                    print(f'stopped at epoch {epoch}, step {step_in_epoch}: checkpoint {ckpt_path}; '
+                    save(f'epoch {epoch + 1}, step {step_in_epoch}')
+                    print(f'stopped with {epoch} epochs and {step_in_epoch} steps done: checkpoint {ckpt_path}; '
                           f'run the same command to resume')
                     result.update(stopped=True, epoch=epoch, step_in_epoch=step_in_epoch)
                     return result
             bar.close()
             seconds = time.perf_counter() - start
-            entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=loss_sum / max(seen, 1),
+            entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=loss_sum / max(loss_images, 1),
                          lr=optimizer.param_groups[0]['lr'], train_img_s=seen / seconds, epoch_seconds=seconds,
                          **{f'test_{k}': v for k, v in evaluate(model, test_x, test_y).items()})
             if ema is not None:
                 entry.update({f'ema_test_{k}': v for k, v in evaluate(ema.module, test_x, test_y).items()})
-            epoch += 1
-            step_in_epoch = 0
-            save()
-            with open(log_path, 'a') as f:
-                f.write(json.dumps(entry) + '\n')
+            entry.update(runtime)
+            _refuse_non_finite(entry, f'epoch {epoch + 1}', ckpt_path)
+            log.append(entry)
+            epoch, step_in_epoch, loss_sum, loss_images = epoch + 1, 0, 0., 0
+            save(f'epoch {epoch}')
             print(json.dumps(entry))
             result.update(entry)
         result['epoch'] = epoch

@@ -139,8 +139,8 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
 
 def _training_snapshots(paths: Sequence[str]) -> Tuple[List[nn.Module], List[str]]:
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start."""
-    from .train import initial_model, load_weights
-    states = {p: torch.load(p, map_location='cpu', weights_only=True) for p in paths if p != 'init'}
+    from .train import initial_model, load_weights, read_checkpoint
+    states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')
     configs = {json.dumps(s['config'], sort_keys=True) for s in states.values()}
