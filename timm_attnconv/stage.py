@@ -81,9 +81,11 @@ def training_command(config: Dict[str, Any], output: str) -> str:
     if config['model_kwargs']:
         parts.append(f"--model-kwargs '{json.dumps(config['model_kwargs'])}'")
     for key in ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs', 'min_lr', 'smoothing',
-                'seed', 'train_limit'):
+                'clip_grad', 'seed', 'train_limit', 'eval_limit'):
         if config.get(key) is not None:
             parts.append(f"--{key.replace('_', '-')} {config[key]}")
+    if config.get('amp', 'none') != 'none':
+        parts.append(f"--amp {config['amp']}")
     if config['model_ema']:
         parts += ['--model-ema', f"--model-ema-decay {config['model_ema_decay']}"]
     if config.get('init_from'):
@@ -203,11 +205,12 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
     checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
     from safetensors.torch import load_file
+    from .train import read_checkpoint
 
     log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
     ckpt = os.path.join(run_dir, CHECKPOINT)
     if os.path.isfile(ckpt):
-        state = torch.load(ckpt, map_location='cpu', weights_only=True)
+        state = read_checkpoint(ckpt)  # digest-checked
         config = state['config']
         steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
         return dict(config=config, model=state.get('model'), ema=state.get('ema'), resumable=True, log=log,
