@@ -47,3 +47,14 @@ def test_cli_prints_a_table(capsys):
     main(['sa_quadratic_gen_pruned_cifar'])
     out = capsys.readouterr().out
     assert 'sa_quadratic_gen_pruned_cifar' in out and '9,686,916' in out and '4.947' in out
+
+
+def test_count_macs_leaves_fvcores_logger_as_it_was():
+    import logging
+    logger = logging.getLogger('fvcore')
+    logger.setLevel(logging.INFO)
+    try:
+        count_macs(timm.create_model('sa_quadratic_tiny_cifar', depth=1).eval(), torch.randn(1, 3, 8, 8))
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(logging.NOTSET)

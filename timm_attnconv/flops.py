@@ -88,12 +88,15 @@ def count_macs(model: nn.Module, inputs: torch.Tensor, by_operator: bool = False
     analysis.set_op_handle(**EXACT_HANDLES)
     analysis.set_op_handle(**{op: None for op in IGNORED_OPS})
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings('none')
+    logger = logging.getLogger('fvcore')
+    level = logger.level
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        logging.getLogger('fvcore').setLevel(logging.ERROR)
-        if by_operator:
-            return dict(analysis.by_operator())
-        return int(analysis.total())
+        logger.setLevel(logging.ERROR)  # its per-op notices are about ops handled above; only for this count
+        try:
+            return dict(analysis.by_operator()) if by_operator else int(analysis.total())
+        finally:
+            logger.setLevel(level)
 
 
 def _paper_counted_macs(model: nn.Module, inputs: torch.Tensor) -> int:
