@@ -4,7 +4,11 @@ import timm
 import torch
 import torch.nn as nn
 
+from timm_attnconv.data import load_samples
+from timm_attnconv.evaluate import predict_logits, scores
 from timm_attnconv.theory import conv_to_attention, convert_convs, hard_attention_alpha
+
+from .test_data import DATA_DIR, needs_data
 
 GRID = [  # (in, out, kernel, stride, padding, dilation, bias)
     (3, 8, 3, 1, 1, 1, True), (5, 2, 3, 2, 1, 1, False), (4, 6, 5, 1, 2, 1, True), (4, 4, 3, 1, 2, 2, True),
@@ -46,10 +50,23 @@ def test_whole_network_conversion_keeps_the_predictions():
     assert torch.equal(before.argmax(-1), after.argmax(-1)) and (before - after).abs().max() <= 1e-4
 
 
+def test_a_trained_cnn_keeps_its_predictions_on_the_bundled_test_images():
+    # the shipped 2-epoch ResNet-20 on the 20 CIFAR-10 test images of the package: runs without the full test set
+    images, labels, _ = load_samples()
+    model = timm.create_model('attnconv_resnet20_cifar', pretrained=True)
+    before = predict_logits(model, images, progress=False)
+    assert convert_convs(model) == 19
+    after = predict_logits(model, images, progress=False)
+    assert scores(before, labels)['top1'] > 50  # trained, not random
+    assert torch.equal(before.argmax(1), after.argmax(1)) and (before - after).abs().max() < 1e-4
+
+
+@needs_data
 def test_a_trained_cnn_keeps_its_test_accuracy_exactly(capsys):
     from timm_attnconv.theory import main
     # the shipped 2-epoch ResNet-20 (71.48% on all 10,000 images); 250 images keep CI fast
-    result = main(['--model', 'attnconv_resnet20_cifar', '--pretrained', '--limit', '250', '--batch-size', '125'])
+    result = main(['--model', 'attnconv_resnet20_cifar', '--pretrained', '--data-dir', DATA_DIR, '--limit', '250',
+                   '--batch-size', '125'])
     assert result['converted_convs'] == 19 and result['images'] == 250
     assert result['convolution']['top1'] > 50  # trained, not random
     assert result['attention']['top1'] == result['convolution']['top1']

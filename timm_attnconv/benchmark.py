@@ -5,7 +5,7 @@ For every model and input size, in one process on one machine:
 * **original**: ``attn_path='dense'`` — full ``(HW)²`` probability maps per head and one einsum over all heads, then
   the per-head value map and the output projection as two layers (the algorithm of the authors' code);
 * **fast**: the default ``attn_path='auto'`` (separable where exact) with ``proj ∘ proj_heads`` folded by
-  ``timm.models.reparameterize_model``.
+  ``timm.utils.reparameterize_model``.
 
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
 and the ratios (memory: peak tensor allocations of one forward pass). Run::
@@ -104,7 +104,7 @@ def compare_paths(
 ) -> Dict[str, object]:
     """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring."""
     import timm
-    from timm.models import reparameterize_model
+    from timm.utils import reparameterize_model  # timm.models exports it only from timm 1.0.31
 
     dev = torch.device(device)
     original = timm.create_model(name, **model_kwargs).eval().to(dev)
