@@ -314,9 +314,9 @@ def _check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) -
     if before != now:
         launch = f'torchrun --nproc_per_node {before} -m timm_attnconv.train' if before > 1 else 'without torchrun'
         raise ValueError(f'cannot resume {path!r} with world size {now}: it was trained by {before} process(es), and '
-                         f'every process keeps its own random state (dropout masks) and share of each batch, so another '
-                         f'count would not continue the run exactly. Launch it as it started ({launch}) or pass '
-                         f'another --output')
+                         f'every process keeps its own random state (dropout masks) and share of each batch, so '
+                         f'another count would not continue the run exactly. Launch it as it started ({launch}) or '
+                         f'pass another --output')
     if any(k not in saved for k in DATA_KEYS):
         print(f'note: {path!r} predates data digests; the images under --data-dir are not checked against the run')
 
