@@ -18,10 +18,11 @@ The data set lives on the device, where batches are picked and augmented, and a 
 device only every ``--log-interval`` steps (loss check, progress bar), so a GPU is not left idle between steps.
 
 Under torchrun every process trains on its share of each batch with DistributedDataParallel (NCCL on CUDA, gloo on the
-CPU): ``--batch-size`` is the global batch, so N processes compute what one process does, up to float rounding. Rank 0
-holds the lock, evaluates and writes checkpoint and log; the checkpoint keeps every process's random state, so the run
-resumes exactly with the same number of processes, and refuses another (the run config records ``world_size``).
-Processes stop on a signal together, at the next ``--log-interval`` step.
+CPU): ``--batch-size`` is the global batch, so N processes compute what one process does, up to float rounding and
+their own dropout masks (BatchNorm, though, normalises each process's share). Rank 0 holds the lock, evaluates and
+writes checkpoint and log; the checkpoint keeps every process's random state, so the run resumes exactly with the same
+number of processes, and refuses another (the run config records ``world_size``). Processes stop on a signal together,
+at the next ``--log-interval`` step.
 """
 import argparse
 import hashlib
