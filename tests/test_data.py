@@ -67,6 +67,31 @@ def test_batches_are_fixed_by_seed_epoch_and_step():
     assert not torch.equal(other_epoch[1], full[0][1])
 
 
+def test_batches_are_drawn_as_one_generator_per_step_would():
+    # the order and draws that every run so far trained with: a permutation per epoch, a crop/flip generator per step
+    images, labels = torch.randint(0, 256, (45, 3, 8, 8), dtype=torch.uint8), torch.arange(45)
+    order = torch.randperm(45, generator=torch.Generator().manual_seed(1 * 100_003 + 2))
+    for drop_last, start in [(True, 0), (True, 3), (False, 5)]:
+        batches = list(EpochBatches(images, labels, 8, seed=1, epoch=2, drop_last=drop_last).iterate(start))
+        assert len(batches) == (5 if drop_last else 6) - start
+        for step, (x, y) in enumerate(batches, start):
+            idx = order[step * 8:(step + 1) * 8]
+            draws = torch.Generator().manual_seed((1 * 100_003 + 2) * 1_000_003 + step)
+            assert torch.equal(x, random_crop_flip(images[idx], draws)) and torch.equal(y, labels[idx])
+
+
+def test_processes_share_every_batch():
+    images, labels = torch.randint(0, 256, (50, 3, 8, 8), dtype=torch.uint8), torch.arange(50)
+    whole = list(EpochBatches(images, labels, 12, seed=1, epoch=0).iterate(1))
+    shares = [list(EpochBatches(images, labels, 12, seed=1, epoch=0, rank=r, world_size=3).iterate(1))
+              for r in range(3)]
+    for step, (x, y) in enumerate(whole):
+        assert torch.equal(torch.cat([share[step][0] for share in shares]), x)
+        assert torch.equal(torch.cat([share[step][1] for share in shares]), y)
+    with pytest.raises(ValueError, match='a batch of 12 does not split evenly over 5 processes'):
+        EpochBatches(images, labels, 12, seed=1, epoch=0, rank=0, world_size=5)
+
+
 def test_normalize():
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
     torch.testing.assert_close(normalize(x, (0.5, 0.5, 0.5), (0.5, 0.25, 1.0))[0, :, 0, 0], torch.tensor([1., 2., .5]))

@@ -221,3 +221,127 @@ def test_init_from_pretrained_weights(tmp_path):
         assert torch.allclose(model(x), source(x), atol=0.05 * source(x).abs().max())  # lr 0: still the source
     with pytest.raises(ValueError, match='init_from'):
         train_main(args[:2] + args[4:])
+
+
+@needs_data
+def test_eval_every_and_eval_ema_choose_the_tested_epochs_only(tmp_path, whole):
+    # a test reads the weights and draws no random number: testing fewer epochs trains the same weights
+    assert 'ema_test_top1' not in strict_log(whole)[0] and 'ema_test_top1' in strict_log(whole)[1]
+    args = TINY + ['--output', str(tmp_path), '--eval-every', '2']
+    train_main(args + ['--max-steps', '4'])
+    train_main(args + ['--eval-ema'])  # free to change on resume
+    assert_same_run(whole, tmp_path)
+    untested, tested = strict_log(tmp_path)
+    assert not any(k.startswith(('test_', 'ema_test_')) for k in untested)
+    assert untested == {k: v for k, v in strict_log(whole)[0].items() if not k.startswith('test_')}
+    assert tested == strict_log(whole)[1]
+    train_main(TINY + ['--output', str(tmp_path / 'ema'), '--epochs', '3', '--eval-every', '2', '--eval-ema',
+                       '--train-limit', '32'])
+    assert [sorted(k for k in entry if 'test_top1' in k) for entry in strict_log(tmp_path / 'ema')] == [
+        [], ['ema_test_top1', 'test_top1'], ['ema_test_top1', 'test_top1']]
+
+
+@needs_data
+def test_a_step_waits_for_the_device_only_every_log_interval(tmp_path, monkeypatch):
+    # on a GPU, reading a tensor's value makes the host wait for all queued work, and copying one from the host
+    # (pageable memory) waits too: count what the trainer's own code does while the epochs' batches are drawn
+    from timm_attnconv.data import EpochBatches
+    calls, stepping = [], [False]
+
+    def recording(method):
+        original = getattr(torch.Tensor, method)
+
+        def call(self, *args, **kwargs):
+            caller = sys._getframe(1)
+            module = caller.f_globals.get('__name__', '')
+            to_device = any(isinstance(a, (str, torch.device)) for a in args) or 'device' in kwargs
+            if stepping[0] and module.startswith('timm_attnconv') and (method != 'to' or to_device):
+                calls.append((method, module, caller.f_code.co_name))
+            return original(self, *args, **kwargs)
+        return call
+
+    for method in ('item', 'tolist', '__bool__', '__float__', '__int__', 'cpu', 'numpy', 'to'):
+        monkeypatch.setattr(torch.Tensor, method, recording(method))
+    iterate = EpochBatches.iterate
+
+    def epoch_of_steps(self, start_step=0):
+        stepping[0] = True
+        yield from iterate(self, start_step)
+        stepping[0] = False
+    monkeypatch.setattr(EpochBatches, 'iterate', epoch_of_steps)
+    train_main(TINY + ['--output', str(tmp_path), '--log-interval', '2'])  # 2 epochs of 3 steps
+    assert [c for c in calls if c[0] != 'to'] == [('tolist', 'timm_attnconv.train', 'progress')] * 3  # steps 2, 4, 6
+    # per epoch, EpochBatches copies its order and its 3 kinds of draws to the device, then no more
+    assert [c[:2] for c in calls if c[0] == 'to'] == [('to', 'timm_attnconv.data')] * 8
+
+
+@needs_data
+@pytest.mark.parametrize('log_interval', ['1', '100'])
+def test_a_diverging_loss_stops_at_the_next_check_or_save(tmp_path, log_interval):
+    # the first step at lr 1e6 (no warm-up) wrecks the weights; the loss check or, between checks, the save sees it
+    args = TINY + ['--output', str(tmp_path), '--lr', '1e6', '--warmup-epochs', '0', '--max-steps', '2',
+                   '--log-interval', log_interval]
+    where = 'epoch 1 by step 2: the training loss' if log_interval == '1' else 'epoch 1, step 2:'
+    with pytest.raises(FloatingPointError, match=f'diverged in {where}.*there is no checkpoint'):
+        train_main(args)
+    assert not (tmp_path / 'last.pth.tar').exists()
+
+
+@needs_data
+@pytest.mark.slow
+def test_a_compiled_run_resumes_exactly(tmp_path):
+    # torch.compile draws its dropout masks from torch's RNG too (CPU C++ compiler; minutes on 2 cores)
+    args = TINY + ['--compile', '--train-limit', '64']
+    train_main(args + ['--output', str(tmp_path / 'whole')])
+    train_main(args + ['--output', str(tmp_path / 'resumed'), '--max-steps', '3'])
+    train_main(args + ['--output', str(tmp_path / 'resumed')])
+    assert_same_run(tmp_path / 'whole', tmp_path / 'resumed')
+    assert strict_log(tmp_path / 'whole') == strict_log(tmp_path / 'resumed')
+
+
+NO_DROPOUT = ['--model-kwargs', json.dumps(dict(embed_dim=16, depth=2, mlp_dim=16, num_heads=3, proj_drop_rate=0.,
+                                                attn_drop_rate=0.))]
+
+
+def torchrun(args, processes=2):
+    """``python -m timm_attnconv.train args`` as torchrun launches it, on the CPU (gloo), one thread a process."""
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get('PYTHONPATH')])))
+    done = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node',
+                           str(processes), '-m', 'timm_attnconv.train', '--device', 'cpu'] + args,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@needs_data
+def test_torchrun_processes_train_what_one_process_does(tmp_path):
+    # --batch-size is global: 2 processes of 16 images a step compute the steps of one process with 32. Without
+    # dropout (LayerNorm is per image) they differ by float rounding only
+    args = TINY + NO_DROPOUT + ['--train-limit', '64']
+    torchrun(args + ['--output', str(tmp_path / 'ddp')])
+    train_main(args + ['--output', str(tmp_path / 'one')])
+    ddp, one = (torch.load(tmp_path / run / 'last.pth.tar', weights_only=True) for run in ('ddp', 'one'))
+    assert ddp['config'] == dict(one['config'], world_size=2) and one['config']['world_size'] == 1
+    assert len(ddp['processes']) == 2 and not torch.equal(*(p['rng'] for p in ddp['processes']))
+    for key in ('model', 'ema'):
+        for name, value in one[key].items():
+            torch.testing.assert_close(ddp[key][name], value, rtol=0, atol=1e-6, msg=f'{key}.{name}')
+    ddp_log, one_log = strict_log(tmp_path / 'ddp'), strict_log(tmp_path / 'one')
+    assert [e['epoch'] for e in ddp_log] == [1, 2]  # written by rank 0 alone
+    for a, b in zip(ddp_log, one_log):
+        assert a['train_loss'] == pytest.approx(b['train_loss'], rel=1e-6) and a['global_step'] == b['global_step']
+    with pytest.raises(ValueError, match=r'with world size 1: it was trained by 2 process\(es\), and every process '
+                                         r'keeps its own random state .*torchrun --nproc_per_node 2'):
+        train_main(args + ['--output', str(tmp_path / 'ddp'), '--epochs', '2'])
+
+
+@needs_data
+@pytest.mark.slow
+def test_an_interrupted_torchrun_run_resumes_exactly(tmp_path):
+    # with dropout: every process's RNG stream and its share of the epoch's loss come back from the checkpoint
+    torchrun(TINY + ['--output', str(tmp_path / 'whole')])
+    torchrun(TINY + ['--output', str(tmp_path / 'resumed'), '--max-steps', '4'])
+    torchrun(TINY + ['--output', str(tmp_path / 'resumed')])
+    assert_same_run(tmp_path / 'whole', tmp_path / 'resumed')
+    assert strict_log(tmp_path / 'whole') == strict_log(tmp_path / 'resumed')

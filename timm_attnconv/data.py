@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 __all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'write_image_folder', 'load_samples',
-           'normalize', 'random_crop_flip', 'EpochBatches']
+           'normalize', 'crop_flip_draws', 'crop_flip', 'random_crop_flip', 'EpochBatches']
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
@@ -134,33 +134,56 @@ def load_samples(sample_dir: str = SAMPLES_DIR) -> Tuple[torch.Tensor, torch.Ten
 
 
 def normalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 ``(B, 3, H, W)`` → float32, scaled to [0, 1] then standardised per channel."""
-    mean_t = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    """uint8 ``(B, 3, H, W)`` → float32, scaled to [0, 1] then standardised per channel. ``mean`` / ``std`` may be
+    tensors on the images' device: a training loop passes those, since building them from Python numbers copies them
+    to the device, which on a GPU waits for all queued work."""
+    mean_t = torch.as_tensor(mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
     return (images.float().div_(255) - mean_t) / std_t
+
+
+def crop_flip_draws(batch: int, generator: torch.Generator,
+                    padding: int = 4) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The random draws of :func:`random_crop_flip` for ``batch`` images: crop offsets ``top``, ``left``; ``flip``."""
+    top = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
+    flip = torch.rand(batch, generator=generator) < 0.5
+    return top, left, flip
+
+
+def crop_flip(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor,
+              padding: int = 4) -> torch.Tensor:
+    """Crop uint8 ``(B, C, H, W)`` images, zero-padded by ``padding``, at the given offsets and mirror those with
+    ``flip``: pure indexing on the images' device, so the result does not depend on where it runs."""
+    batch, channels, height, width = images.shape
+    device = images.device
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    rows = top[:, None] + torch.arange(height, device=device)  # (B, H)
+    cols = left[:, None] + torch.arange(width, device=device)  # (B, W)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    index_b = torch.arange(batch, device=device)[:, None, None, None]
+    index_c = torch.arange(channels, device=device)[None, :, None, None]
+    return padded[index_b, index_c, rows[:, None, :, None], cols[:, None, None, :]]
 
 
 def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
     """Batch ``RandomCrop(size, padding)`` with zero padding + ``RandomHorizontalFlip()`` on uint8 ``(B, C, H, W)``."""
-    batch, _, height, width = images.shape
-    padded = torch.nn.functional.pad(images, (padding,) * 4)
-    top = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
-    left = torch.randint(0, 2 * padding + 1, (batch,), generator=generator)
-    flip = torch.rand(batch, generator=generator) < 0.5
-    rows = top[:, None] + torch.arange(height)  # (B, H)
-    cols = left[:, None] + torch.arange(width)  # (B, W)
-    cols = torch.where(flip[:, None], cols.flip(1), cols)
-    index_b = torch.arange(batch)[:, None, None, None]
-    index_c = torch.arange(images.shape[1])[None, :, None, None]
-    return padded[index_b, index_c, rows[:, None, :, None], cols[:, None, None, :]]
+    draws = crop_flip_draws(images.shape[0], generator, padding)
+    return crop_flip(images, *(d.to(images.device) for d in draws), padding)
 
 
 @dataclass
 class EpochBatches:
     """Shuffled mini-batches of one epoch, fixed by ``(seed, epoch)``, resumable at any step.
 
-    The permutation and the augmentation draws come from generators seeded with ``seed`` and ``epoch``, so batch ``k`` of
-    epoch ``e`` is the same whether the run started at step 0 or resumed at step ``k``.
+    The permutation and the augmentation draws come from CPU generators seeded with ``seed`` and ``epoch``, so batch
+    ``k`` of epoch ``e`` is the same whether the run started at step 0 or resumed at step ``k``, and on any device.
+    Images and labels may live on a GPU: the epoch's draws go there in one copy, and selecting, cropping and flipping
+    a batch then run there without the host waiting for the device.
+
+    ``rank`` / ``world_size``: yield only this process's equal share of every batch (``batch_size`` is the global
+    batch, which ``world_size`` must divide), augmented as in the whole batch: ``world_size`` processes together see
+    exactly the batches of one.
     """
     images: torch.Tensor
     labels: torch.Tensor
@@ -169,19 +192,34 @@ class EpochBatches:
     epoch: int
     augment: bool = True
     drop_last: bool = True
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self):
+        if self.batch_size % self.world_size:
+            raise ValueError(f'a batch of {self.batch_size} does not split evenly over {self.world_size} processes: '
+                             f'pass a --batch-size that is a multiple of {self.world_size}')
 
     def __len__(self) -> int:
         n = self.labels.shape[0]
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def iterate(self, start_step: int = 0) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(
-            self.labels.shape[0], generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
-        for step in range(start_step, len(self)):
-            idx = order[step * self.batch_size:(step + 1) * self.batch_size]
-            images = self.images[idx]
+        steps = range(start_step, len(self))
+        if not steps:
+            return
+        n, device = self.labels.shape[0], self.images.device
+        epoch_seed = self.seed * 100_003 + self.epoch
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(epoch_seed))
+        order = order[start_step * self.batch_size:len(self) * self.batch_size].to(device)
+        if self.augment:  # each step's draws for its whole batch, concatenated as the batches are in ``order``
+            draws = [crop_flip_draws(min(self.batch_size, n - step * self.batch_size),
+                                     torch.Generator().manual_seed(epoch_seed * 1_000_003 + step)) for step in steps]
+            top, left, flip = (torch.cat(d).to(device) for d in zip(*draws))
+        share = self.batch_size // self.world_size
+        for start in range(0, order.shape[0], self.batch_size):
+            part = slice(start + self.rank * share, start + (self.rank + 1) * share)
+            images = self.images[order[part]]
             if self.augment:
-                draws = torch.Generator().manual_seed((self.seed * 100_003 + self.epoch) * 1_000_003 + step)
-                images = random_crop_flip(images, draws)
-            yield images, self.labels[idx]
-
+                images = crop_flip(images, top[part], left[part], flip[part])
+            yield images, self.labels[order[part]]

@@ -1,9 +1,11 @@
 """Train any registered model on CIFAR-10 with timm's optimizer, scheduler, loss and EMA factories.
 
     python -m timm_attnconv.train --model sa_quadratic_tiny_cifar --output runs/sa_quadratic_tiny_cifar
+    torchrun --nproc_per_node 4 -m timm_attnconv.train --model sa_quadratic_cifar --output runs/x --batch-size 256
 
-Every epoch ends with a test-set evaluation and an atomic checkpoint ``<output>/last.pth.tar`` (model, optimizer,
-scheduler, EMA, RNG, epoch and step, the run's log and a sha256 digest of all of it); ``<output>/log.jsonl``, one
+Every epoch ends with an atomic checkpoint ``<output>/last.pth.tar`` (model, optimizer, scheduler, EMA, RNG, epoch and
+step, the run's log and a sha256 digest of all of it) and, every ``--eval-every`` epochs and after the last, a test-set
+evaluation (of the EMA too with ``--eval-ema``, else after the last epoch only); ``<output>/log.jsonl``, one
 strict-JSON line per epoch, is then rewritten from the checkpoint, so a kill at any moment loses no line. Running the
 same command again resumes exactly where the last checkpoint left off; options that would change the result are
 refused, and so is a checkpoint that no longer matches its digest. Ctrl-C or SIGTERM stops at the next step and writes
@@ -11,6 +13,16 @@ a checkpoint first. A NaN or infinite loss, weight or test loss stops the run be
 checkpoint stays. One run at a time holds an output folder (``train.lock``). Batches come from
 :class:`timm_attnconv.data.EpochBatches`, which fixes every batch by ``(seed, epoch, step)``, so a resumed run sees the
 same data as an uninterrupted one.
+
+The data set lives on the device, where batches are picked and augmented, and a step makes the host wait for the
+device only every ``--log-interval`` steps (loss check, progress bar), so a GPU is not left idle between steps.
+
+Under torchrun every process trains on its share of each batch with DistributedDataParallel (NCCL on CUDA, gloo on the
+CPU): ``--batch-size`` is the global batch, so N processes compute what one process does, up to float rounding and
+their own dropout masks (BatchNorm, though, normalises each process's share). Rank 0 holds the lock, evaluates and
+writes checkpoint and log; the checkpoint keeps every process's random state, so the run resumes exactly with the same
+number of processes, and refuses another (the run config records ``world_size``). Processes stop on a signal together,
+at the next ``--log-interval`` step.
 """
 import argparse
 import hashlib
@@ -21,7 +33,7 @@ import pickle
 import signal
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -56,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--model', required=True)
     p.add_argument('--model-kwargs', type=json.loads, default={}, help='JSON dict for timm.create_model')
     p.add_argument('--init-from', default=None,
-                   help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) instead of a random '
-                        'init; a model of another layout must support it (SelfAttentionNet.init_from)')
+                   help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) or .safetensors file '
+                        'instead of a random init; a model of another layout must support it '
+                        '(SelfAttentionNet.init_from)')
     p.add_argument('--data-dir', default=None, help='folder with train.npz / test.npz or cifar-10-batches-py')
     p.add_argument('--output', required=True, help='run folder: checkpoint, log.jsonl')
     p.add_argument('--epochs', type=int, default=30)
@@ -82,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--eval-limit', type=int, default=None,
                    help='first N test images only (smoke tests); fixed for the run, so its log compares like with like')
     p.add_argument('--max-steps', type=int, default=None, help='stop (with a checkpoint) after this many steps')
+    p.add_argument('--eval-every', type=int, default=1,
+                   help='test the weights every N epochs and after the last; the log line of an epoch without a test '
+                        'has no test_* keys')
+    p.add_argument('--eval-ema', action='store_true',
+                   help='test the EMA weights at every test of the weights, not only after the last epoch')
+    p.add_argument('--log-interval', type=int, default=50,
+                   help='check the training loss and update the progress bar every N steps: the only points in '
+                        'an epoch where the host waits for the device')
     p.add_argument('--no-resume', action='store_true', help='refuse to start if the output holds a checkpoint')
     return p
 
@@ -204,8 +225,8 @@ def _refuse_non_finite(obj: Any, when: str, ckpt_path: str) -> None:
         raise FloatingPointError(f'the run diverged in {when}: {problem}. Nothing was saved ({kept}); {DIVERGED_FIX}')
 
 
-def _config(args: argparse.Namespace, data: Dict[str, str]) -> Dict[str, Any]:
-    return dict({k: getattr(args, k) for k in RESUME_KEYS}, **data)
+def _config(args: argparse.Namespace, data: Dict[str, str], world_size: int) -> Dict[str, Any]:
+    return dict({k: getattr(args, k) for k in RESUME_KEYS}, **data, world_size=world_size)
 
 
 def _build(config: Dict[str, Any]) -> nn.Module:
@@ -221,8 +242,13 @@ def initial_model(config: Dict[str, Any]) -> nn.Module:
 
 def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
     """Load the pretrained weights ``name`` into ``model``: as they are when the layouts match, else through the
-    model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one)."""
+    model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one). ``name`` may also
+    be a ``.safetensors`` file of ``model``'s layout (e.g. weights pruned by ``prune_degenerate_heads``)."""
     import timm
+    if name.endswith('.safetensors'):
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(name))  # strict: a mismatch names the keys
+        return model
     source = timm.create_model(name, pretrained=True, num_classes=10)
     init = getattr(model, 'init_from', None)
     if init is not None and source.state_dict().keys() != model.state_dict().keys():
@@ -285,6 +311,13 @@ def _check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) -
     if diff:
         raise ValueError(f"cannot resume {path!r} with different settings ({'; '.join(diff)}): the result would "
                          f'differ from an uninterrupted run. Use the original options or another --output folder')
+    before, now = saved.get('world_size', 1), config['world_size']
+    if before != now:
+        launch = f'torchrun --nproc_per_node {before} -m timm_attnconv.train' if before > 1 else 'without torchrun'
+        raise ValueError(f'cannot resume {path!r} with world size {now}: it was trained by {before} process(es), and '
+                         f'every process keeps its own random state (dropout masks) and share of each batch, so '
+                         f'another count would not continue the run exactly. Launch it as it started ({launch}) or '
+                         f'pass another --output')
     if any(k not in saved for k in DATA_KEYS):
         print(f'note: {path!r} predates data digests; the images under --data-dir are not checked against the run')
 
@@ -303,46 +336,119 @@ def _load_data(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor, to
     return train_x[:train_limit], train_y[:train_limit], test_x[:eval_limit], test_y[:eval_limit]
 
 
+def _launch() -> Tuple[int, int, int]:
+    """``(rank, world_size, local_rank)`` of this process: as torchrun set them, else ``(0, 1, 0)``."""
+    world = int(os.environ.get('WORLD_SIZE', '1'))
+    if world == 1:
+        return 0, 1, 0
+    return int(os.environ['RANK']), world, int(os.environ['LOCAL_RANK'])
+
+
+def _device(name: str, local_rank: int, world: int) -> torch.device:
+    device = torch.device(name)
+    if device.type == 'cuda' and world > 1:  # one GPU per process
+        device = torch.device('cuda', local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
 def train(args: argparse.Namespace) -> Dict[str, Any]:
-    os.makedirs(args.output, exist_ok=True)
-    with _exclusive(args.output):
-        return _train(args)
+    rank, world, local_rank = _launch()
+    device = _device(args.device, local_rank, world)
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
+    try:
+        os.makedirs(args.output, exist_ok=True)
+        with _exclusive(args.output) if rank == 0 else nullcontext():
+            if world > 1:
+                dist.barrier()  # the other processes start once rank 0 holds the folder
+            return _train(args, device, rank, world)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
 
 
-def _train(args: argparse.Namespace) -> Dict[str, Any]:
+def _sum_over_processes(tensor: torch.Tensor, world: int) -> torch.Tensor:
+    if world > 1:
+        import torch.distributed as dist
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def _gather(obj: Any, world: int) -> List[Any]:
+    """``obj`` of every process, by rank."""
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+    objs = [None] * world
+    dist.all_gather_object(objs, obj)
+    return objs
+
+
+def _process_state(device: torch.device, loss_sum: torch.Tensor) -> Dict[str, Any]:
+    """What differs between the processes of a run: their RNG streams (dropout; the CUDA one too, which a compiled
+    model's dropout draws from) and their share of the epoch's training loss so far."""
+    return dict(rng=torch.get_rng_state(), loss_sum=loss_sum.item(),
+                cuda_rng=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
+
+
+def _restore_process_state(state: Dict[str, Any], device: torch.device) -> float:
+    torch.set_rng_state(state['rng'])
+    if device.type == 'cuda' and state.get('cuda_rng') is not None:
+        torch.cuda.set_rng_state(state['cuda_rng'], device)
+    return state['loss_sum']
+
+
+def _evaluates(args: argparse.Namespace, epoch: int) -> Tuple[bool, bool]:
+    """Whether epoch ``epoch`` (1-based) ends with a test of the weights, and of the EMA: every ``--eval-every``
+    epochs and after the last; the EMA with ``--eval-ema``, else after the last epoch only."""
+    last = epoch == args.epochs
+    weights = last or epoch % args.eval_every == 0
+    return weights, bool(args.model_ema) and (last or (weights and args.eval_ema))
+
+
+def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int) -> Dict[str, Any]:
     from timm.loss import LabelSmoothingCrossEntropy
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
     from timm.utils import ModelEmaV3
 
+    if args.eval_every < 1 or args.log_interval < 1:
+        raise ValueError('--eval-every and --log-interval count epochs and steps: pass 1 or more')
     ckpt_path, log_path = os.path.join(args.output, CHECKPOINT), os.path.join(args.output, LOG)
-    device = torch.device(args.device)
     train_x, train_y, test_x, test_y = _load_data(args)
-    config = _config(args, dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)))
+    config = _config(args, dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)),
+                     world)
+    # the whole data set lives on the device: batches are picked and augmented there (EpochBatches)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
     runtime = {k: getattr(args, k) for k in RUNTIME_KEYS}
 
     model = initial_model(config)  # seeds torch's RNG for the whole run
     if args.init_from and not os.path.isfile(ckpt_path):
         init_from_pretrained(model, args.init_from)
+    if rank:  # each process its own dropout masks; rank 0 draws as a single process does
+        torch.manual_seed(args.seed * 1_000_003 + rank)
     model = model.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    cfg = model.pretrained_cfg
-    steps_per_epoch = len(EpochBatches(train_x, train_y, args.batch_size, args.seed, 0))
+    mean, std = (torch.tensor(model.pretrained_cfg[k], device=device) for k in ('mean', 'std'))
+    batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, 0, rank=rank, world_size=world)
+    steps_per_epoch = len(batches)
     if steps_per_epoch == 0:
         raise ValueError(f'{train_y.shape[0]} training images make no batch of {args.batch_size}')
     optimizer = create_optimizer_v2(model, args.opt, lr=args.lr, weight_decay=args.weight_decay)
     scheduler, _ = create_scheduler_v2(
         optimizer, args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, min_lr=args.min_lr,
         step_on_epochs=False, updates_per_epoch=steps_per_epoch)
-    ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema else None
+    ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema and rank == 0 else None
     criterion = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_dtype = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[args.amp]
     grad_scaler = torch.amp.GradScaler(device.type) if args.amp == 'fp16' else None
-    forward = torch.compile(model) if args.compile else model
 
     epoch, step_in_epoch, global_step, log = 0, 0, 0, []
-    loss_sum, loss_images = 0., 0  # of the epoch so far: a resumed epoch logs the mean over all its steps
+    # the epoch's loss so far, summed on the device: reading it makes the host wait for the device
+    loss_sum, loss_images = torch.zeros((), dtype=torch.float64, device=device), 0
     if os.path.isfile(ckpt_path):
         if args.no_resume:
             raise FileExistsError(f'{ckpt_path!r} exists and --no-resume was given')
@@ -360,49 +466,63 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
             ema.load_state_dict(state['ema'])
         if grad_scaler is not None and state.get('scaler') is not None:
             grad_scaler.load_state_dict(state['scaler'])
-        torch.set_rng_state(state['rng'])
+        # a checkpoint from before it kept one state per process was written by a single process
+        processes = state.get('processes') or [dict(rng=state['rng'], loss_sum=state.get('loss_sum', 0.))]
+        loss_sum.fill_(_restore_process_state(processes[rank], device))
         epoch, step_in_epoch, global_step = state['epoch'], state['step_in_epoch'], state['global_step']
-        loss_sum, loss_images = state.get('loss_sum', 0.), state.get('loss_images', 0)
-        _write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
-        _note_runtime_change(state.get('runtime'), runtime)
-        print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
+        loss_images = state.get('loss_images', 0)
+        if rank == 0:
+            _write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
+            _note_runtime_change(state.get('runtime'), runtime)
+            print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
     elif os.path.isfile(log_path):
         raise FileExistsError(f'{log_path!r} exists without a checkpoint beside it: it is the log of another run. Move '
                               f'it away or pass another --output')
     else:
         scheduler.step_update(0)
+    forward = model
+    if world > 1:
+        forward = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == 'cuda' else None)
+    if args.compile:
+        forward = torch.compile(forward)
 
     def save(when: str) -> None:
+        processes = _gather(_process_state(device, loss_sum), world)
+        if rank != 0:
+            return
         state = dict(
-            config=config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step, loss_sum=loss_sum,
-            loss_images=loss_images,
+            config=config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step, loss_images=loss_images,
             model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
             ema=ema.state_dict() if ema is not None else None,
             scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
-            rng=torch.get_rng_state(), runtime=runtime, log=log)
+            processes=processes, runtime=runtime, log=log)
         _refuse_non_finite(state, when, ckpt_path)
         state['sha256'] = _digest(state)
         _atomic_write(ckpt_path, lambda f: torch.save(state, f))
         _write_log(log, log_path)  # after the checkpoint, which holds the log: a kill in between loses no line
+
+    def progress(stop_requested: bool) -> Tuple[float, bool]:
+        """The epoch's mean training loss so far, over all processes, and whether any process was asked to stop. The
+        host waits for the device here, so a step calls it only every --log-interval steps."""
+        flags = torch.stack([loss_sum, torch.full_like(loss_sum, float(stop_requested))])
+        total, stops = _sum_over_processes(flags, world).tolist()
+        return total / max(loss_images, 1), stops > 0
 
     stop = _StopFlag()
     result: Dict[str, Any] = dict(stopped=False, epoch=epoch)
     try:
         while epoch < args.epochs:
             model.train()
-            batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, epoch)
+            batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, epoch, rank=rank, world_size=world)
             bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f'epoch {epoch + 1}/{args.epochs}',
-                       unit='batch', dynamic_ncols=True)
-            seen, start = 0, time.perf_counter()
+                       unit='batch', dynamic_ncols=True, disable=rank != 0)
+            seen, start, stop_agreed = 0, time.perf_counter(), False
             for images, labels in batches.iterate(step_in_epoch):
-                x = normalize(images.to(device), cfg['mean'], cfg['std'])
+                x = normalize(images, mean, std)
                 if args.channels_last:
                     x = x.contiguous(memory_format=torch.channels_last)
-                y = labels.to(device)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss = criterion(forward(x), y)
-                _refuse_non_finite({'the training loss': loss.item()},
-                                   f'epoch {epoch + 1}, step {step_in_epoch + 1}', ckpt_path)
+                    loss = criterion(forward(x), labels)
                 optimizer.zero_grad(set_to_none=True)
                 if grad_scaler is not None:
                     grad_scaler.scale(loss).backward()
@@ -421,32 +541,44 @@ def _train(args: argparse.Namespace) -> Dict[str, Any]:
                 scheduler.step_update(global_step)
                 if ema is not None:
                     ema.update(model, step=global_step)
-                loss_sum += loss.item() * y.shape[0]
-                loss_images += y.shape[0]
-                seen += y.shape[0]
+                loss_sum.add_(loss.detach(), alpha=labels.shape[0])
+                loss_images += args.batch_size
+                seen += args.batch_size
                 bar.update()
-                bar.set_postfix(loss=f'{loss.item():.3f}', img_s=f'{seen / (time.perf_counter() - start):.0f}',
-                                lr=f"{optimizer.param_groups[0]['lr']:.2e}")
-                if stop.requested or (args.max_steps and global_step >= args.max_steps):
+                if global_step % args.log_interval == 0:
+                    mean_loss, stop_agreed = progress(stop.requested)
+                    _refuse_non_finite({'the training loss': mean_loss}, f'epoch {epoch + 1} by step {step_in_epoch}',
+                                       ckpt_path)
+                    bar.set_postfix(loss=f'{mean_loss:.3f}', img_s=f'{seen / (time.perf_counter() - start):.0f}',
+                                    lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+                # processes stop together: a single one at the next step, those of torchrun when they agreed above
+                stopping = stop.requested if world == 1 else stop_agreed
+                if stopping or (args.max_steps and global_step >= args.max_steps):
                     bar.close()
                     save(f'epoch {epoch + 1}, step {step_in_epoch}')
-                    print(f'stopped with {epoch} epochs and {step_in_epoch} steps done: checkpoint {ckpt_path}; '
-                          f'run the same command to resume')
+                    if rank == 0:
+                        print(f'stopped with {epoch} epochs and {step_in_epoch} steps done: checkpoint {ckpt_path}; '
+                              f'run the same command to resume')
                     result.update(stopped=True, epoch=epoch, step_in_epoch=step_in_epoch)
                     return result
             bar.close()
+            train_loss, _ = progress(False)  # waits for the epoch's steps, so the time below is theirs
             seconds = time.perf_counter() - start
-            entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=loss_sum / max(loss_images, 1),
-                         lr=optimizer.param_groups[0]['lr'], train_img_s=seen / seconds, epoch_seconds=seconds,
-                         **{f'test_{k}': v for k, v in evaluate(model, test_x, test_y).items()})
-            if ema is not None:
+            entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=train_loss,
+                         lr=optimizer.param_groups[0]['lr'], train_img_s=seen / seconds, epoch_seconds=seconds)
+            test_weights, test_ema = _evaluates(args, epoch + 1)
+            if rank == 0 and test_weights:
+                entry.update({f'test_{k}': v for k, v in evaluate(model, test_x, test_y).items()})
+            if rank == 0 and test_ema:
                 entry.update({f'ema_test_{k}': v for k, v in evaluate(ema.module, test_x, test_y).items()})
             entry.update(runtime)
             _refuse_non_finite(entry, f'epoch {epoch + 1}', ckpt_path)
             log.append(entry)
-            epoch, step_in_epoch, loss_sum, loss_images = epoch + 1, 0, 0., 0
+            epoch, step_in_epoch, loss_images = epoch + 1, 0, 0
+            loss_sum.zero_()
             save(f'epoch {epoch}')
-            print(json.dumps(entry))
+            if rank == 0:
+                print(json.dumps(entry))
             result.update(entry)
         result['epoch'] = epoch
         return result

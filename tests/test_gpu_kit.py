@@ -1,0 +1,42 @@
+"""The GPU-session scripts of training/gpu, end to end on the CPU: launch a named recipe in the background, wait for
+it with status, collect its parts as the device tool would return them, and join them into a run folder."""
+import json
+import os
+import subprocess
+
+import torch
+
+from timm_attnconv.stage import _read_run
+from timm_attnconv.train import read_checkpoint
+from timm_attnconv.transfer import main as transfer_main
+
+from .test_data import DATA_DIR, needs_data
+
+KIT = os.path.join(os.path.dirname(__file__), '..', 'training', 'gpu')
+
+
+def kit(script, *args, env):
+    return subprocess.run(['bash', os.path.join(KIT, script), *args], env=env, capture_output=True, text=True,
+                          timeout=600, check=True).stdout
+
+
+@needs_data
+def test_launch_status_collect_and_join(tmp_path):
+    env = dict(os.environ, RUNS=str(tmp_path / 'runs'), DATA=os.path.abspath(DATA_DIR), COMPILE='0',
+               OUT=str(tmp_path / 'out'), OMP_NUM_THREADS='1')
+    # the recipe's options, then these: a later option wins (a tiny twin of the paper-size model, on the CPU)
+    started = kit('launch.sh', 'sa_learned_cifar', '--device', 'cpu', '--amp', 'none', '--epochs', '1',
+                  '--train-limit', '128', '--batch-size', '128', '--eval-limit', '50', '--model-kwargs',
+                  json.dumps(dict(embed_dim=16, depth=1, mlp_dim=16, num_heads=3)), env=env)
+    assert started.startswith('started sa_learned_cifar (pid ')
+    status = kit('status.sh', '300', env=env)  # returns once the run is done
+    assert '== sa_learned_cifar: not running' in status and 'epoch=1 ' in status and 'ema_test_top1=' in status
+    assert 'every part is out' in kit('collect.sh', 'sa_learned_cifar', env=env)
+
+    transfer_main(['join', str(tmp_path / 'joined'), str(tmp_path / 'out' / 'sa_learned_cifar')])
+    run = _read_run(str(tmp_path / 'joined'))
+    state = read_checkpoint(str(tmp_path / 'runs' / 'sa_learned_cifar' / 'last.pth.tar'))
+    config = run['config']
+    assert config['model'] == 'sa_learned_cifar' and config['opt'] == 'adamw' and config['model_ema_decay'] == 0.9995
+    assert config['epochs'] == 1 and config['clip_grad'] == 1.0 and config['world_size'] == 1
+    assert all(torch.equal(run['model'][k], v) for k, v in state['model'].items())

@@ -1,0 +1,94 @@
+"""A training run leaves a GPU machine in parts small enough for its calls and comes back as a run folder that
+``stage`` reads, with the weights byte for byte as exported."""
+import hashlib
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from timm_attnconv.stage import _read_run
+from timm_attnconv.train import main as train_main, read_checkpoint
+from timm_attnconv.transfer import export, join, main as transfer_main
+
+from .test_data import needs_data
+from .test_train import TINY
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp('run')
+    train_main(TINY + ['--output', str(folder), '--epochs', '1'])
+    return folder
+
+
+def export_calls(run, tmp_path, **limits):
+    """Export the run call by call, as the device tool returns them, into one folder per call."""
+    calls, start = [], 0
+    while start is not None:
+        out = tmp_path / f'call{len(calls)}' / 'run'
+        start = export(str(run), str(out), start, **limits)['next']
+        calls.append(out)
+    return calls
+
+
+@needs_data
+def test_a_run_exported_in_parts_joins_into_a_folder_stage_reads(run, tmp_path):
+    # parts of 4 KiB, at most 5 files and 20,000 bytes a call: the tiny run needs several calls
+    calls = export_calls(run, tmp_path, part_bytes=4096, max_files=5, max_bytes=20_000)
+    assert len(calls) > 2
+    for out in calls:
+        files = list(out.iterdir())
+        assert len(files) <= 5 and sum(f.stat().st_size for f in files) <= 20_000
+        assert all(f.stat().st_size <= 4096 for f in files if '.part' in f.name)
+    with pytest.raises(FileNotFoundError, match=r'parts missing .*: ema\.safetensors\.part'):
+        join(str(tmp_path / 'joined'), [str(c) for c in calls[:-1]])
+    digests = join(str(tmp_path / 'joined'), [str(c) for c in calls])
+
+    state = read_checkpoint(str(run / 'last.pth.tar'))
+    joined = _read_run(str(tmp_path / 'joined'))  # what `python -m timm_attnconv.stage` reads
+    assert joined['config'] == json.loads(json.dumps(state['config'])) and joined['log'] == state['log']
+    assert joined['epochs_done'] == 1 and not joined['resumable']
+    for key in ('model', 'ema'):
+        weights = {k.removeprefix('module.'): v for k, v in state[key].items()}
+        assert joined[key].keys() == weights.keys()
+        assert all(torch.equal(joined[key][k], v) and joined[key][k].dtype == torch.float32 for k, v in weights.items())
+        # byte for byte the float32 safetensors file of the checkpoint's weights
+        data = (tmp_path / 'joined' / f'{key}.safetensors').read_bytes()
+        assert data == save(weights) and digests[f'{key}.safetensors'] == hashlib.sha256(data).hexdigest()
+
+
+@needs_data
+def test_damaged_or_mixed_parts_are_refused(run, tmp_path):
+    calls = export_calls(run, tmp_path, part_bytes=4096, max_files=5, max_bytes=20_000)
+    part = next(calls[0].glob('*.part00'))
+    data = bytearray(part.read_bytes())
+    data[100] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"'{part}' does not match the sha256 in manifest.json: it was damaged"):
+        join(str(tmp_path / 'joined'), [str(c) for c in calls])
+    manifest = json.loads((calls[1] / 'manifest.json').read_text())
+    manifest['epoch'] += 1  # the run went on between two calls
+    (calls[1] / 'manifest.json').write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match='the manifests .* differ: the parts come from different checkpoints'):
+        join(str(tmp_path / 'joined'), [str(c) for c in calls])
+    assert not (tmp_path / 'joined').exists()
+
+
+@needs_data
+def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, tmp_path, capsys):
+    # the tiny run fits one call of the device tool: one export writes every part
+    transfer_main(['export', str(run), str(tmp_path / 'out' / 'run')])
+    assert 'every part is out' in capsys.readouterr().out
+    transfer_main(['join', str(tmp_path / 'joined'), str(tmp_path / 'out' / 'run')])
+    assert sorted(os.listdir(tmp_path / 'joined')) == [
+        'config.json', 'ema.safetensors', 'log.jsonl', 'model.safetensors']
+    # --init-from a weights file (pruned weights start their fine-tune so); at lr 0 the step keeps them
+    weights = str(tmp_path / 'joined' / 'model.safetensors')
+    train_main(TINY + ['--output', str(tmp_path / 'tune'), '--init-from', weights, '--lr', '0', '--warmup-epochs',
+                       '0', '--max-steps', '1'])
+    tuned = torch.load(tmp_path / 'tune' / 'last.pth.tar', weights_only=True)
+    assert tuned['config']['init_from'] == weights
+    source = read_checkpoint(str(run / 'last.pth.tar'))['model']
+    assert all(torch.equal(tuned['model'][k], v) for k, v in source.items())

@@ -1,0 +1,156 @@
+"""Bring a training run back from a machine that returns files in limited sizes, as a run folder ``stage`` reads.
+
+    python -m timm_attnconv.transfer export RUN OUT [--start N]   # there: the next parts of RUN into OUT
+    python -m timm_attnconv.transfer join FOLDER PARTS [PARTS ...]  # here: the parts of every call into FOLDER
+
+``export`` reads the run's training checkpoint (digest-checked) and writes its weights, and its EMA weights when the
+run kept them, as float32 safetensors with the model's own keys (``model.safetensors``, ``ema.safetensors``), cut into
+parts of at most 15 MiB (``model.safetensors.part00``, ...). One call returns at most 8 files and 64 MiB, so each call
+writes the parts that fit beside three small files: ``manifest.json`` (size and sha256 of each weights file and of each
+of its parts), ``config.json`` (the run config as the checkpoint records it) and ``log.jsonl``. It prints the
+``--start`` of the next call until every part is out.
+
+``join`` concatenates the parts found in the given folders (one per call), checks every sha256 against the manifest,
+and writes ``model.safetensors`` / ``ema.safetensors`` byte for byte as exported, beside ``config.json`` and
+``log.jsonl``: the folder ``python -m timm_attnconv.stage`` stages.
+"""
+import argparse
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from .train import CHECKPOINT, LOG, _atomic_write, read_checkpoint
+
+__all__ = ['export', 'join', 'main']
+
+WEIGHTS_FILES = {'model': 'model.safetensors', 'ema': 'ema.safetensors'}
+MANIFEST, RUN_CONFIG = 'manifest.json', 'config.json'
+MiB = 1 << 20
+PART_BYTES = 15 * MiB
+# what one call of the device tool brings back
+CALL_FILES, CALL_BYTES = 8, 64 * MiB
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _part_name(name: str, index: int) -> str:
+    return f'{name}.part{index:02d}'
+
+
+def _weights_bytes(state: Dict[str, Any]) -> Dict[str, bytes]:
+    """The run's float32 safetensors files as bytes (the EMA's keys without ModelEmaV3's ``module.`` prefix)."""
+    from safetensors.torch import save
+    return {name: save({k.removeprefix('module.'): v.contiguous() for k, v in state[key].items()})
+            for key, name in WEIGHTS_FILES.items() if state.get(key) is not None}
+
+
+def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BYTES, max_files: int = CALL_FILES,
+           max_bytes: int = CALL_BYTES) -> Dict[str, Any]:
+    """Write the small files and the parts from number ``start`` on that fit one call into ``out_dir``. Returns
+    ``{'parts': count of all parts, 'written': names written, 'next': the next call's start or None}``."""
+    state = read_checkpoint(os.path.join(run_dir, CHECKPOINT))
+    files = _weights_bytes(state)
+    parts = [(name, i, data[offset:offset + part_bytes])
+             for name, data in files.items() for i, offset in enumerate(range(0, len(data), part_bytes))]
+    if not 0 <= start < len(parts):
+        raise ValueError(f'--start {start} is past the last part: {run_dir!r} exports {len(parts)} parts, 0 to '
+                         f'{len(parts) - 1}')
+    manifest = dict(epoch=state['epoch'], step_in_epoch=state['step_in_epoch'], files={
+        name: dict(size=len(data), sha256=_sha256(data),
+                   parts=[_sha256(part) for n, _, part in parts if n == name]) for name, data in files.items()})
+    small = {MANIFEST: json.dumps(manifest, indent=1), RUN_CONFIG: json.dumps(state['config'], indent=1),
+             LOG: ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in state['log'])}
+    os.makedirs(out_dir, exist_ok=True)
+    files_left, bytes_left = max_files - len(small), max_bytes - sum(len(text.encode()) for text in small.values())
+    written = []
+    for name, text in small.items():
+        with open(os.path.join(out_dir, name), 'w') as f:
+            f.write(text)
+        written.append(name)
+    index = start
+    while index < len(parts) and files_left > 0 and len(parts[index][2]) <= bytes_left:
+        name, i, data = parts[index]
+        with open(os.path.join(out_dir, _part_name(name, i)), 'wb') as f:
+            f.write(data)
+        written.append(_part_name(name, i))
+        files_left, bytes_left, index = files_left - 1, bytes_left - len(data), index + 1
+    if index == start:
+        raise ValueError(f'a part of {part_bytes} bytes does not fit one call beside the small files; lower the '
+                         f'part size')
+    return dict(parts=len(parts), written=written, next=index if index < len(parts) else None)
+
+
+def _read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _find(name: str, sources: Sequence[str]) -> List[str]:
+    return [os.path.join(s, name) for s in sources if os.path.isfile(os.path.join(s, name))]
+
+
+def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
+    """Join the exported parts in ``sources`` into ``run_dir``; returns the sha256 of each weights file written."""
+    manifests = _find(MANIFEST, sources)
+    if not manifests:
+        raise FileNotFoundError(f'no {MANIFEST} in {list(sources)}: pass the folders that `python -m '
+                                f'timm_attnconv.transfer export` wrote (one per call)')
+    manifest = _read_json(manifests[0])
+    if any(_read_json(path) != manifest for path in manifests[1:]):
+        raise ValueError(f'the manifests in {manifests} differ: the parts come from different checkpoints of the run '
+                         f'(it went on training between the calls). Export all parts again from one checkpoint')
+    joined, missing = {}, []
+    for name, record in manifest['files'].items():
+        chunks = []
+        for i, digest in enumerate(record['parts']):
+            found = _find(_part_name(name, i), sources)
+            if not found:
+                missing.append(_part_name(name, i))
+                continue
+            with open(found[0], 'rb') as f:
+                chunks.append(f.read())
+            if _sha256(chunks[-1]) != digest:
+                raise ValueError(f'{found[0]!r} does not match the sha256 in {MANIFEST}: it was damaged on the way. '
+                                 f'Export it again')
+        joined[name] = b''.join(chunks)
+    if missing:
+        raise FileNotFoundError(f"parts missing from {list(sources)}: {', '.join(missing)}; export the calls that "
+                                f'write them (export prints each call\'s --start) and pass all their folders')
+    os.makedirs(run_dir, exist_ok=True)
+    for name, data in joined.items():
+        if _sha256(data) != manifest['files'][name]['sha256'] or len(data) != manifest['files'][name]['size']:
+            raise ValueError(f'the joined {name} does not match the sha256 in {MANIFEST}; export it again')
+    for name in (RUN_CONFIG, LOG):
+        with open(_find(name, sources)[0], 'rb') as f:
+            joined[name] = f.read()
+    for name, data in joined.items():
+        _atomic_write(os.path.join(run_dir, name), lambda f: f.write(data))
+    return {name: record['sha256'] for name, record in manifest['files'].items()}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.transfer', description=__doc__.split('\n\n')[0])
+    commands = parser.add_subparsers(dest='command', required=True)
+    out = commands.add_parser('export', help='write the next parts of a run (run on the machine that trained it)')
+    out.add_argument('run', help='--output folder of the training run (last.pth.tar)')
+    out.add_argument('out', help='folder to write into, e.g. $OUT/<run name>')
+    out.add_argument('--start', type=int, default=0, help='first part to write (the previous call prints it)')
+    back = commands.add_parser('join', help='join the parts of every call into a run folder')
+    back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors, config.json, log.jsonl)')
+    back.add_argument('parts', nargs='+', help='the folders the export calls wrote, one per call')
+    args = parser.parse_args(argv)
+    if args.command == 'export':
+        result = export(args.run, args.out, args.start)
+        print(f"wrote {', '.join(result['written'])} ({result['parts']} parts in all); " + (
+            'every part is out' if result['next'] is None else f"next call: --start {result['next']}"))
+    else:
+        result = join(args.run, args.parts)
+        print(f"joined into {args.run}: " + ', '.join(f'{name} sha256 {digest}' for name, digest in result.items()))
+    return result
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repo root: start the training run NAME (a recipe below) in the background, detached
+# with setsid nohup so that it outlives the device tool's 10-minute command (it runs until it finishes or the machine
+# goes back). Output: $RUNS/NAME (checkpoint, log.jsonl, train.out). Extra arguments are appended to the recipe's
+# (a later option wins), e.g. `launch.sh sa_learned_cifar --epochs 1 --train-limit 5120` for a smoke run.
+# Running it again resumes the run from its checkpoint. COMPILE=0 trains without torch.compile.
+# Usage: training/gpu/launch.sh NAME [TRAIN ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."  # the repo root, whose timm_attnconv the runs import
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+name=${1:?usage: launch.sh NAME [TRAIN ARGS...]; NAME: sa_learned_cifar, sa_quadratic_gen_cifar, ...}; shift
+runs=${RUNS:-/tmp/runs}; data=${DATA:-/tmp/c10}
+[ -f "$data/train.npz" ] || { echo "no CIFAR-10 in $data: run training/gpu/assemble-cifar10.sh first" >&2; exit 1; }
+# the recipe of sa_quadratic_cifar.c10 (91.55% after 90 of 100 epochs on one H100)
+sa=(--epochs 100 --batch-size 256 --opt adamw --lr 1e-3 --weight-decay 0.05 --warmup-epochs 5 --smoothing 0.1
+    --model-ema --model-ema-decay 0.9995 --clip-grad 1.0)
+# one recipe for the ResNet-20 baseline and its attention-augmented twin
+resnet=(--epochs 100 --batch-size 128 --opt sgd --lr 0.1 --weight-decay 5e-4 --warmup-epochs 1 --smoothing 0.1
+        --model-ema --model-ema-decay 0.999 --channels-last)
+case $name in
+  sa_learned_cifar|sa_quadratic_gen_cifar|sa_quadratic_16h_cifar|sa_learned_content_cifar)
+    recipe=(--model "$name" "${sa[@]}");;
+  sa_quadratic_gen_pruned_cifar)
+    # Cordonnier et al. 2020, Table 1: prune the degenerate heads of the finished generalized-quadratic run's EMA,
+    # then fine-tune at a tenth of its learning rate
+    source=$runs/sa_quadratic_gen_cifar/last.pth.tar
+    [ -f "$source" ] || { echo "no $source: train sa_quadratic_gen_cifar first" >&2; exit 1; }
+    mkdir -p "$runs/$name"
+    [ -f "$runs/$name/heads.json" ] ||
+      python3 training/gpu/prune.py "$source" "$runs/$name/pruned.safetensors" > "$runs/$name/heads.json"
+    heads=$(cat "$runs/$name/heads.json")
+    recipe=(--model "$name" --model-kwargs "{\"num_heads\": $heads}" --init-from "$runs/$name/pruned.safetensors"
+            "${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999);;
+  attnconv_resnet20_cifar|aa_resnet20_cifar|ea_aa_resnet20_cifar)
+    recipe=(--model "$name" "${resnet[@]}");;
+  *)
+    echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
+esac
+gpu=(--device cuda --amp bf16 --eval-every 10)
+[ "${COMPILE:-1}" = 0 ] || gpu+=(--compile)
+mkdir -p "$runs/$name"
+cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" "${gpu[@]}" "$@")
+echo "${cmd[*]}" >> "$runs/$name/command.txt"
+PYTHONUNBUFFERED=1 setsid nohup "${cmd[@]}" >> "$runs/$name/train.out" 2>&1 < /dev/null &
+echo "started $name (pid $!): ${cmd[*]}"
