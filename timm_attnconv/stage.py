@@ -77,7 +77,9 @@ def _papers(cfg: Dict[str, Any]) -> List[str]:
 
 def training_command(config: Dict[str, Any], output: str) -> str:
     """The ``python -m timm_attnconv.train`` command line that reproduces a run's configuration."""
-    parts = ['python -m timm_attnconv.train', f"--model {config['model']}", f'--output {output}']
+    world = config.get('world_size') or 1
+    launcher = f'torchrun --nproc_per_node {world} -m' if world > 1 else 'python -m'
+    parts = [f'{launcher} timm_attnconv.train', f"--model {config['model']}", f'--output {output}']
     if config['model_kwargs']:
         parts.append(f"--model-kwargs '{json.dumps(config['model_kwargs'])}'")
     for key in ('epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs', 'min_lr', 'smoothing',
@@ -104,14 +106,16 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
-    epochs = [e['epoch'] for e in log]
+    def series(key):  # epochs without a test (--eval-every, EMA tested at the end only) have no such key
+        return [e['epoch'] for e in log if key in e], [e[key] for e in log if key in e]
+
     fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-    acc.plot(epochs, [e['test_top1'] for e in log], 'o-', label='weights')
-    if all('ema_test_top1' in e for e in log):
-        acc.plot(epochs, [e['ema_test_top1'] for e in log], 's--', label='EMA')
+    acc.plot(*series('test_top1'), 'o-', label='weights')
+    if any('ema_test_top1' in e for e in log):
+        acc.plot(*series('ema_test_top1'), 's--', label='EMA')
     acc.set(xlabel='epoch', ylabel='CIFAR-10 test top-1 (%)', title='accuracy')
-    loss.plot(epochs, [e['train_loss'] for e in log], 'o-', label='train (label-smoothed)')
-    loss.plot(epochs, [e['test_loss'] for e in log], 's--', label='test (cross-entropy)')
+    loss.plot(*series('train_loss'), 'o-', label='train (label-smoothed)')
+    loss.plot(*series('test_loss'), 's--', label='test (cross-entropy)')
     loss.set(xlabel='epoch', ylabel='loss', title='loss')
     for ax in (acc, loss):
         ax.grid(alpha=0.3)
