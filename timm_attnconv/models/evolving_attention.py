@@ -156,8 +156,9 @@ class EAAAResNet(AAResNet):
 
     def _stage(self, index: int, x: torch.Tensor, prev: Optional[torch.Tensor]):
         layer = getattr(self, f'layer{index}')
-        if index not in self.aa_stages:
-            return layer(x), None  # a plain stage breaks the chain
+        # a plain stage breaks the chain, and so does a pruned one (timm < 1.0.31 prunes a stage to an nn.Identity)
+        if index not in self.aa_stages or isinstance(layer, nn.Identity):
+            return layer(x), None
         x, prev, _ = run_chain(layer, x, prev, self.grad_checkpointing)
         return x, prev
 
