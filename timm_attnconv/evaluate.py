@@ -3,16 +3,15 @@
     python -m timm_attnconv.evaluate --model sa_quadratic_tiny_cifar --checkpoint runs/x/last.pth.tar
     python -m timm_attnconv.evaluate --model sa_quadratic_tiny_cifar --pretrained --json result.json
 """
-import argparse
-import json
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .data import load_cifar10, normalize
+from . import cli
+from .data import normalize
 
 __all__ = ['evaluate', 'predict_logits', 'scores', 'main']
 
@@ -62,57 +61,20 @@ def evaluate(
     return scores(predict_logits(model, images, batch_size, amp_dtype, progress), labels.cpu())
 
 
-def model_from_args(args: argparse.Namespace) -> nn.Module:
-    """The model named by ``--model`` with ``--pretrained`` weights or a ``--checkpoint``: a training checkpoint of
-    that architecture (``--ema``: its EMA weights) or a ``.safetensors`` weights file."""
-    import timm
-    from .train import load_training_checkpoint
-    weights_file = bool(args.checkpoint) and args.checkpoint.endswith('.safetensors')
-    if args.checkpoint and not weights_file:
-        return load_training_checkpoint(args.checkpoint, use_ema=args.ema, model_name=args.model)
-    if args.ema:
-        raise ValueError('--ema needs a training checkpoint (last.pth.tar of a run with --model-ema) as --checkpoint')
-    overlay = dict(pretrained_cfg_overlay=dict(file=args.checkpoint)) if weights_file else {}
-    return timm.create_model(args.model, pretrained=args.pretrained or weights_file, **overlay)
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--model', required=True)
-    parser.add_argument('--pretrained', action='store_true', help='load the registered pretrained weights')
-    parser.add_argument('--checkpoint', default=None,
-                        help='a training checkpoint of `python -m timm_attnconv.train` or a .safetensors weights file')
-    parser.add_argument('--ema', action='store_true', help='evaluate the EMA weights of --checkpoint')
-    parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
-    parser.add_argument('--limit', type=int, default=None, help='first N test images only')
-    parser.add_argument('--batch-size', type=int, default=500)
-    parser.add_argument('--device', default='cpu')
-
-
-def load_test_split(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor]:
-    images, labels = load_cifar10(args.data_dir, 'test')
-    return images[:args.limit], labels[:args.limit]
-
-
-def print_result(result: Dict[str, Any], json_path: Optional[str] = None, indent: Optional[int] = None) -> None:
-    """Print ``result`` as JSON and, given ``json_path``, write it there too."""
-    print(json.dumps(result, indent=indent))
-    if json_path:
-        with open(json_path, 'w') as f:
-            json.dump(result, f, indent=2)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
-    parser = argparse.ArgumentParser(description='CIFAR-10 test accuracy of a timm_attnconv model.')
-    add_model_args(parser)
+    parser = cli.parser(__spec__.name, 'CIFAR-10 test accuracy of a timm_attnconv model.')
+    cli.add_model_args(parser)
+    cli.add_data_args(parser)
+    cli.add_device_arg(parser)
     parser.add_argument('--json', default=None, help='also write the result to this file')
     args = parser.parse_args(argv)
 
-    images, labels = load_test_split(args)
-    model = model_from_args(args).to(args.device)
+    model = cli.load_model(args).to(args.device)
+    images, labels = cli.load_test_split(args)
     result = dict(model=args.model, **evaluate(model, images, labels, args.batch_size))
-    print_result(result, args.json)
+    cli.print_result(result, args.json)
     return result
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

@@ -6,32 +6,33 @@ params and MACs before and after.
 
 The pruned weights load into ``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
 """
-import argparse
 from typing import Any, Dict, Optional, Sequence
 
+from . import cli
 from .analysis import prune_report
-from .evaluate import add_model_args, model_from_args, print_result
 
 __all__ = ['main']
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     from safetensors.torch import save_file
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.prune', description=__doc__.split('\n\n')[0])
-    add_model_args(parser)
-    parser.add_argument('--min-eig', type=float, default=1e-5)
-    parser.add_argument('--max-cond', type=float, default=1e5)
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
+    cli.add_model_args(parser)
+    parser.add_argument('--min-eig', type=cli.non_negative_float, default=1e-5,
+                        help='prune a head whose smallest covariance eigenvalue is below this')
+    parser.add_argument('--max-cond', type=cli.positive_float, default=1e5,
+                        help='prune a generalized head whose covariance condition number is above this')
     parser.add_argument('--out', default=None, help='write the pruned weights here (safetensors)')
     parser.add_argument('--json', default=None, help='also write the report to this file')
     args = parser.parse_args(argv)
-    model = model_from_args(args)
+    model = cli.load_model(args)
     report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond))
     if args.out:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
                   metadata={'num_heads': str(tuple(report['num_heads']))})
-    print_result(report, args.json, indent=2)
+    cli.print_result(report, args.json, indent=2)
     return report
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

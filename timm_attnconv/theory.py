@@ -15,7 +15,6 @@ so the conversion is exact up to rounding. :func:`convert_convs` converts every 
 converts a trained CNN and evaluates both forms on the CIFAR-10 test images (accuracy, changed predictions, largest
 logit difference).
 """
-import argparse
 import math
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import cli
 from .layers import PositionalSelfAttention
 
 __all__ = ['ConvAsAttention', 'conv_to_attention', 'convert_convs', 'hard_attention_alpha', 'main']
@@ -129,28 +129,30 @@ def convert_convs(model: nn.Module, predicate: Optional[Callable[[str, nn.Conv2d
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:
     """Theorem 1 on a trained network: its CIFAR-10 test results before and after :func:`convert_convs`."""
-    from .evaluate import add_model_args, load_test_split, model_from_args, predict_logits, print_result, scores
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.theory', description=main.__doc__)
-    add_model_args(parser)
+    from .evaluate import predict_logits, scores
+    parser = cli.parser(__spec__.name, main.__doc__)
+    cli.add_model_args(parser)
+    cli.add_data_args(parser)
+    cli.add_device_arg(parser)
     parser.add_argument('--json', default=None, help='also write the result to this file')
     args = parser.parse_args(argv)
 
-    images, labels = load_test_split(args)
-    model = model_from_args(args).to(args.device)
+    model = cli.load_model(args).to(args.device)
+    images, labels = cli.load_test_split(args)
     conv_logits = predict_logits(model, images, args.batch_size)
     converted = convert_convs(model)
     if not converted:
-        raise SystemExit(f'{args.model} has no convolution that Theorem 1 covers (k×k with k > 1, groups=1, zero '
-                         f'padding); nothing to convert')
+        raise cli.UsageError(f'{args.model} has no convolution that Theorem 1 covers (k×k with k > 1, groups=1, '
+                             f'zero padding); nothing to convert: pass a convolutional network')
     attention_logits = predict_logits(model, images, args.batch_size)
     result = dict(
         model=args.model, converted_convs=converted, images=labels.shape[0],
         convolution=scores(conv_logits, labels), attention=scores(attention_logits, labels),
         changed_predictions=int((conv_logits.argmax(1) != attention_logits.argmax(1)).sum()),
         max_abs_logit_diff=float((conv_logits - attention_logits).abs().max()))
-    print_result(result, args.json, indent=2)
+    cli.print_result(result, args.json, indent=2)
     return result
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

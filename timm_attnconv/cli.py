@@ -1,0 +1,257 @@
+"""What every ``python -m timm_attnconv.<tool>`` shares: failing like a command-line tool, validated options, and the
+model, checkpoint and device plumbing.
+
+A tool's ``main(argv)`` raises; :func:`run`, which runs it as a command, turns an error that describes a bad argument
+or input into one line on stderr, ``<prog>: error: <what is wrong, and the fix>``, and exit status 2 for a bad
+argument (:class:`UsageError`, argparse's own errors) or 1 for an input or run that cannot be used (``ValueError``,
+``OSError``, ``RuntimeError``, ``FloatingPointError``). Any other exception is a bug and keeps its traceback;
+``TIMM_ATTNCONV_DEBUG=1`` shows the traceback of every error.
+
+Every numeric option goes through one of the validators below, so a value that makes no sense is refused with the
+option's name before anything runs. ``--device auto``, the default of every tool that takes ``--device``, is ``cuda``
+when torch sees a GPU, else ``cpu``. ``--checkpoint`` takes a training checkpoint of ``python -m timm_attnconv.train``
+(``last.pth.tar``) or a ``.safetensors`` weights file, says on stderr which it read, and must hold ``--model``.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import traceback
+from typing import Any, Callable, Dict, NoReturn, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+__all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
+           'non_negative_float', 'probability', 'json_object', 'model_name', 'device', 'create_model', 'add_model_args',
+           'add_data_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
+
+DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# faults of an input or a run that a tool reports in one line; any other exception is a bug
+INPUT_ERRORS = (ValueError, OSError, RuntimeError, FloatingPointError)
+LIST_MODELS = '`python -c "import timm_attnconv; print(timm_attnconv.list_models())"` lists this package\'s models'
+
+
+class UsageError(ValueError):
+    """A bad argument or combination of arguments: a command reports it in one line with exit status 2."""
+
+
+def prog(module: str) -> str:
+    """``'timm_attnconv.predict'`` → ``'python -m timm_attnconv.predict'``, the name a tool's messages start with."""
+    return f"python -m {module.removesuffix('.__main__')}"
+
+
+def fail(program: str, message: str, status: int = 2) -> NoReturn:
+    sys.stderr.write(f'{program}: error: {message}\n')
+    raise SystemExit(status)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # one line like every other failure of the tools (argparse would print the usage first); --help has it
+        fail(self.prog, f'{message} (--help lists the options)')
+
+
+def parser(module: str, description: str) -> argparse.ArgumentParser:
+    """The argument parser of the tool ``module`` (its ``__spec__.name``)."""
+    return _Parser(prog=prog(module), description=description)
+
+
+def run(main: Callable[[Optional[Sequence[str]]], Any], argv: Optional[Sequence[str]] = None) -> Any:
+    """Run a tool's ``main(argv)`` as a command: see the module docstring. Returns what ``main`` returns."""
+    program = prog(sys.modules[main.__module__].__spec__.name)
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        fail(program, 'interrupted', 130)
+    except INPUT_ERRORS as error:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        fail(program, _one_line(error), 2 if isinstance(error, UsageError) else 1)
+
+
+def _one_line(error: BaseException) -> str:
+    message = ' '.join(str(error).split())
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames and frames[-1].filename.startswith(PACKAGE_DIR):
+        return message  # written for the user, with the fix
+    # torch's, timm's or PIL's words: name the kind, and where the whole story is
+    return f'{type(error).__name__}: {message} ({DEBUG_ENV}=1 shows the traceback)'
+
+
+def _checked(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
+    def check(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f'expected {wanted}, got {text!r}') from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f'expected {wanted}, got {text!r}')
+        return value
+    return check
+
+
+positive_int = _checked(int, lambda v: v >= 1, 'a whole number ≥ 1')
+non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number ≥ 0')
+positive_float = _checked(float, lambda v: 0 < v < math.inf, 'a finite number > 0')
+non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, 'a finite number ≥ 0')
+probability = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')
+json_object = _checked(json.loads, lambda v: isinstance(v, dict), 'a JSON object such as \'{"drop_rate": 0.1}\'')
+
+
+def model_name(text: str) -> str:
+    """A name ``timm.create_model`` knows (this package's models, timm's own, with or without a pretrained tag)."""
+    import timm  # this package's models are registered: importing this module imported the package
+    if not timm.is_model(text):
+        raise argparse.ArgumentTypeError(f'unknown model {text!r}: {LIST_MODELS}')
+    return text
+
+
+def device(text: str) -> str:
+    """``auto``: ``cuda`` when torch sees a GPU, else ``cpu``; any other torch device string, if it is there."""
+    if text == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        chosen = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a torch device: pass auto, cpu, cuda or cuda:N') from None
+    if chosen.type == 'cuda' and (chosen.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f'{text}: torch sees {torch.cuda.device_count()} CUDA device(s) here; '
+                                         f'pass --device cpu, or auto (cuda where there is one)')
+    return text
+
+
+def create_model(name: str, option: str, option_kwargs: Dict[str, Any], **kwargs) -> nn.Module:
+    """``timm.create_model(name, **kwargs, **option_kwargs)``; a keyword that the model does not take is refused
+    naming ``option``, the option that passed ``option_kwargs``."""
+    import timm
+    try:
+        return timm.create_model(name, **kwargs, **option_kwargs)
+    except TypeError as e:
+        if 'keyword argument' not in str(e):
+            raise
+        raise UsageError(f'{name} does not take {option} {json.dumps(option_kwargs)}: {e}') from e
+
+
+def add_device_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--device', type=device, default='auto',
+                        help='torch device; auto (default): cuda when torch sees a GPU, else cpu')
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and where its weights come from: random init, ``--pretrained`` or a ``--checkpoint``."""
+    parser.add_argument('--model', required=True, type=model_name)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument('--pretrained', action='store_true', help='load the registered pretrained weights')
+    source.add_argument('--checkpoint', default=None,
+                        help='a training checkpoint of `python -m timm_attnconv.train` (last.pth.tar) or a '
+                             '.safetensors weights file, of --model')
+    parser.add_argument('--ema', action='store_true', help='the EMA weights of a training --checkpoint')
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
+    parser.add_argument('--limit', type=positive_int, default=None, help='first N test images only')
+    parser.add_argument('--batch-size', type=positive_int, default=500)
+
+
+def load_model(args: argparse.Namespace, **kwargs) -> nn.Module:
+    """The model named by ``--model``: random init, its ``--pretrained`` weights, or a ``--checkpoint`` of either
+    kind (which one it read goes to stderr); a checkpoint of another architecture is refused. ``kwargs`` go to
+    ``timm.create_model`` (a training checkpoint records its own)."""
+    import timm
+    if args.ema and not _is_training_checkpoint(args.checkpoint):
+        raise UsageError('--ema needs a training checkpoint (last.pth.tar of a run with --model-ema) as --checkpoint')
+    if args.checkpoint is None:
+        return timm.create_model(args.model, pretrained=args.pretrained, **kwargs)
+    if not os.path.isfile(args.checkpoint):
+        raise UsageError(f'--checkpoint {args.checkpoint!r}: no such file')
+    if _is_training_checkpoint(args.checkpoint):
+        return _from_training_checkpoint(args, kwargs)
+    return _from_weights_file(args.checkpoint, args.model, kwargs)
+
+
+def _is_training_checkpoint(path: Optional[str]) -> bool:
+    return path is not None and not path.endswith('.safetensors')
+
+
+def _from_training_checkpoint(args: argparse.Namespace, kwargs: Dict[str, Any]) -> nn.Module:
+    from .train import load_training_checkpoint
+    if kwargs:
+        raise UsageError(f"{', '.join(kwargs)} cannot change the model of a training checkpoint, which records its "
+                         f'own settings: drop it, or pass a .safetensors weights file')
+    model = load_training_checkpoint(args.checkpoint, use_ema=args.ema, model_name=args.model)
+    print(f"read {'the EMA weights of ' if args.ema else ''}training checkpoint {args.checkpoint}", file=sys.stderr)
+    return model
+
+
+def _from_weights_file(path: str, name: str, kwargs: Dict[str, Any]) -> nn.Module:
+    import timm
+    holds = _declared_architecture(path)
+    if holds is not None and holds.split('.')[0] != name.split('.')[0]:
+        raise UsageError(f'{path!r} holds {holds} weights (says the config.json beside it), not {name}: pass '
+                         f'--model {holds}')
+    file_keys = _tensor_names(path)
+    # the file's head is as wide as num_classes says: else timm would drop it for a random one
+    overlay = dict(file=path, **{k: v for k, v in kwargs.items() if k == 'num_classes'})
+    try:
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    except RuntimeError as e:
+        if 'loading state_dict' not in str(e):
+            raise
+        raise UsageError(_misfit(path, name, kwargs, file_keys)) from e
+    print(f'read weights file {path}', file=sys.stderr)
+    return model
+
+
+def _declared_architecture(path: str) -> Optional[str]:
+    """The architecture named by the ``config.json`` beside a weights file: a staged folder's (``architecture``) or a
+    run's (``model``, as ``transfer join`` writes it); None without one."""
+    config_path = os.path.join(os.path.dirname(path), 'config.json')
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as f:
+        try:
+            config = json.load(f)
+        except json.JSONDecodeError:
+            return None  # not ours to judge: the weights themselves are checked against the model next
+    return (config.get('architecture') or config.get('model')) if isinstance(config, dict) else None
+
+
+def _tensor_names(path: str) -> set:
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(path, 'pt') as f:
+            return set(f.keys())
+    except SafetensorError as e:
+        raise ValueError(f'cannot read {path!r} as a .safetensors weights file ({e}): it is truncated or not a weights '
+                         f'file. Copy it again, or pass the file it should be') from e
+
+
+def _misfit(path: str, name: str, kwargs: Dict[str, Any], file_keys: set) -> str:
+    import timm
+    model_keys = set(timm.create_model(name, **kwargs).state_dict())
+    missing, foreign = sorted(model_keys - file_keys), sorted(file_keys - model_keys)
+    if missing or foreign:
+        detail = (f'{len(missing)} of its tensors are missing from the file and {len(foreign)} of the file\'s are '
+                  f"not its (e.g. {(foreign or missing)[0]!r})")
+    else:
+        detail = 'the file\'s tensors have other shapes (another num_classes or other model settings)'
+    return f'{path!r} does not fit {name}: {detail}. Pass the --model (and settings) the file was saved from'
+
+
+def load_test_split(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The CIFAR-10 test images and labels of ``--data-dir``, the first ``--limit`` of them."""
+    from .data import load_cifar10
+    images, labels = load_cifar10(args.data_dir, 'test')
+    return images[:args.limit], labels[:args.limit]
+
+
+def print_result(result: Dict[str, Any], json_path: Optional[str] = None, indent: Optional[int] = None) -> None:
+    """Print ``result`` as JSON and, given ``json_path``, write it there too."""
+    print(json.dumps(result, indent=indent))
+    if json_path:
+        with open(json_path, 'w') as f:
+            json.dump(result, f, indent=2)
