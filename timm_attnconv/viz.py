@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from . import cli
 from .analysis import attention_maps
 from .layers import PositionalSelfAttention, QuadraticScores
 
@@ -137,12 +138,17 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
     return panels
 
 
-def _training_snapshots(paths: Sequence[str]) -> Tuple[List[nn.Module], List[str]]:
-    """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start."""
+def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) -> Tuple[List[nn.Module], List[str]]:
+    """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
+    ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
     from .train import initial_model, load_weights, read_checkpoint
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')
+    for path, state in states.items():
+        trained = state['config']['model']
+        if model_name and trained.split('.')[0] != model_name.split('.')[0]:
+            raise cli.UsageError(f'{path!r} is a checkpoint of {trained}, not of {model_name}: pass --model {trained}')
     configs = {json.dumps(s['config'], sort_keys=True) for s in states.values()}
     if 'init' in paths and len(configs) > 1:
         raise ValueError('"init" is ambiguous: the checkpoints come from runs with different settings')
@@ -159,41 +165,55 @@ def _training_snapshots(paths: Sequence[str]) -> Tuple[List[nn.Module], List[str
     return models, titles
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    import timm
-    import timm_attnconv  # noqa: F401
+def _images(args: argparse.Namespace, model: nn.Module) -> torch.Tensor:
+    """uint8 ``(N, 3, H, W)``: ``--image`` at the model's input size, else the first ``--average`` test images."""
     from .data import load_cifar10
+    if args.image is None:
+        return load_cifar10(args.data_dir, 'test')[0][:args.average or 1]
+    import numpy as np
+    from .predict import read_image
+    size = model.pretrained_cfg['input_size'][1:]
+    image = read_image(args.image).resize((size[1], size[0]))
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+
+def _check_query(query: Tuple[int, int], images: torch.Tensor) -> None:
+    height, width = images.shape[-2:]
+    if query[0] >= height or query[1] >= width:
+        raise cli.UsageError(f'--query {query[0]} {query[1]} is outside the {height}×{width} input: pass ROW in '
+                             f'0..{height - 1} and COL in 0..{width - 1}')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('figure', choices=('centers', 'attention'))
-    parser.add_argument('--model', required=True)
-    parser.add_argument('--pretrained', action='store_true')
-    parser.add_argument('--checkpoints', nargs='*', default=None,
-                        help='training checkpoints (last.pth.tar) to compare, one row each (centers); "init" is the '
-                             'initialisation of the run of the other checkpoints')
-    parser.add_argument('--image', default=None, help='an image file (attention); default: the first test image')
-    parser.add_argument('--average', type=int, default=None, help='average over the first N CIFAR-10 test images')
+    cli.add_model_args(parser)
+    parser.add_argument('--checkpoints', nargs='+', default=None,
+                        help='training checkpoints (last.pth.tar) of --model to compare, one row each (centers); '
+                             '"init" is the initialisation of the run of the other checkpoints')
+    picture = parser.add_mutually_exclusive_group()
+    picture.add_argument('--image', default=None, help='an image file (attention); default: the first test image')
+    picture.add_argument('--average', type=cli.positive_int, default=None,
+                         help='average over the first N CIFAR-10 test images (attention)')
     parser.add_argument('--data-dir', default=None)
-    parser.add_argument('--query', type=int, nargs=2, default=(16, 16), metavar=('ROW', 'COL'))
+    parser.add_argument('--query', type=cli.non_negative_int, nargs=2, default=(16, 16), metavar=('ROW', 'COL'),
+                        help='query pixel (attention), inside the input image')
     parser.add_argument('--out', required=True, help='PNG file to write')
     args = parser.parse_args(argv)
 
+    if args.checkpoints is not None:
+        if args.figure != 'centers' or args.pretrained or args.checkpoint:
+            raise cli.UsageError('--checkpoints draws the centers of a run\'s checkpoints: use it with the centers '
+                                 'figure and without --pretrained / --checkpoint')
+        models, titles = _training_snapshots(args.checkpoints, args.model)
+        return plot_centers(models, args.out, titles=titles)
+    model = cli.load_model(args).eval()
     if args.figure == 'centers':
-        if args.checkpoints:
-            models, titles = _training_snapshots(args.checkpoints)
-            return plot_centers(models, args.out, titles=titles)
-        return plot_centers([timm.create_model(args.model, pretrained=args.pretrained)], args.out)
-    model = timm.create_model(args.model, pretrained=args.pretrained).eval()
-    if args.image:
-        import numpy as np
-        from PIL import Image
-        size = model.pretrained_cfg['input_size'][1:]
-        image = Image.open(args.image).convert('RGB').resize((size[1], size[0]))
-        images = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None]
-    else:
-        images = load_cifar10(args.data_dir, 'test')[0][:args.average or 1]
+        return plot_centers([model], args.out)
+    images = _images(args, model)
+    _check_query(tuple(args.query), images)
     return plot_attention(model, images, tuple(args.query), args.out, args.model)
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)
