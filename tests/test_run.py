@@ -28,9 +28,10 @@ def test_launcher_runs_an_unmodified_script(tmp_path, capsys, monkeypatch):
     assert 'created sa_quadratic_tiny_cifar' in capsys.readouterr().out
 
 
-def test_launcher_errors(tmp_path):
-    with pytest.raises(SystemExit, match='no such script'):
+def test_launcher_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         run.main([str(tmp_path / 'missing.py')])
+    assert exit_info.value.code == 2 and 'no such script' in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         run.main([])
     assert exit_info.value.code == 2

@@ -7,12 +7,13 @@ accuracy on them. Part 2 (``--table``) prints one row per model: parameters, GMA
 the paper-style GFLOPs and the time of one forward pass (after a warm-up) on a batch of 8 images at the model's
 default input size.
 """
-import argparse
 import time
 from typing import Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
+
+from . import cli
 
 
 def classify_samples(names: Sequence[str]) -> Dict[str, List[int]]:
@@ -76,17 +77,16 @@ def model_table(names: Sequence[str]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     import timm_attnconv
 
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('models', nargs='*', help='model names (default: every model with weights; with --table, '
-                                                  'every registered model)')
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
+    parser.add_argument('models', nargs='*', type=cli.model_name,
+                        help='model names (default: every model with weights; with --table, every registered model)')
     parser.add_argument('--table', action='store_true',
                         help='also count the FLOPs of the models and time a forward pass (all 25 models: about 8 '
                              'minutes on 2 CPU cores)')
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.models) - set(timm_attnconv.list_models()))
-    if unknown:
-        parser.error(f"unknown model {', '.join(unknown)}: `python -c \"import timm_attnconv; "
-                     f"print(timm_attnconv.list_models())\"` lists them")
+    foreign = sorted(set(args.models) - set(timm_attnconv.list_models()))
+    if foreign:
+        parser.error(f"{', '.join(foreign)}: not a model of this package; {cli.LIST_MODELS}")
     pretrained = [n for n in timm_attnconv.list_models(pretrained=True) if not args.models or n.split('.')[0] in args.models]
     if pretrained:
         classify_samples(pretrained)
@@ -100,4 +100,4 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

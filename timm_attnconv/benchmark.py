@@ -24,11 +24,12 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
+from . import cli
 from .layers import set_attn_path
 
 __all__ = ['compare_paths', 'main']
@@ -131,13 +132,11 @@ def compare_models(
         baseline_kwargs: Optional[Dict[str, object]] = None,
 ) -> Dict[str, object]:
     """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``)."""
-    import timm
-
     dev = torch.device(device)
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
     rows = {}
     for key, model_name, kwargs in (('model', name, {}), ('baseline', baseline, baseline_kwargs or {})):
-        rows[key] = _run(timm.create_model(model_name, **kwargs).eval().to(dev), x, iters)
+        rows[key] = _run(cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev), x, iters)
     return dict(
         name=name, baseline=baseline, img_size=img_size, batch=batch_size,
         img_s=rows['model']['img_s'], baseline_img_s=rows['baseline']['img_s'],
@@ -207,15 +206,23 @@ def _print_row(r: Dict[str, object]) -> None:
           f"{r['max_abs_diff']:10.2e} {r['buffer_bytes']:8d}", flush=True)
 
 
-def _versus(pairs: Sequence[str], args: argparse.Namespace) -> List[Dict[str, object]]:
+def _model_pair(text: str) -> Tuple[str, str]:
+    name, _, baseline = text.partition(':')
+    if not baseline:
+        raise argparse.ArgumentTypeError(f'expected MODEL:BASELINE, as in aa_resnet50:resnet50, got {text!r}')
+    return cli.model_name(name), cli.model_name(baseline)
+
+
+def _optional_model(text: str) -> str:
+    return text and cli.model_name(text)  # '' skips the bf16 check
+
+
+def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[Dict[str, object]]:
     print(f'inference, fp32, device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}')
     print(f"{'model':22s} {'baseline':12s} {'px':>4s} {'batch':>5s} {'img/s':>8s} {'base img/s':>10s} {'time':>7s} "
           f"{'MB':>8s} {'base MB':>8s} {'memory':>7s}")
     rows = []
-    for pair in pairs:
-        name, _, baseline = pair.partition(':')
-        if not baseline:
-            raise ValueError(f'--versus takes MODEL:BASELINE pairs, got {pair!r}')
+    for name, baseline in pairs:
         for size in args.sizes:
             r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device,
                                args.baseline_kwargs)
@@ -230,27 +237,31 @@ def _versus(pairs: Sequence[str], args: argparse.Namespace) -> List[Dict[str, ob
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     import timm_attnconv
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', nargs='*', default=None, help='default: every paper-size model of the SA family')
-    parser.add_argument('--sizes', nargs='*', type=int, default=[32, 64, 96])
-    parser.add_argument('--batch-size', type=int, default=None, help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
-    parser.add_argument('--iters', type=int, default=2)
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--threads', type=int, default=None, help='torch CPU threads (default: torch default)')
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
+    parser.add_argument('--models', nargs='*', type=cli.model_name, default=None,
+                        help='default: every paper-size model of the SA family')
+    parser.add_argument('--sizes', nargs='*', type=cli.positive_int, default=[32, 64, 96])
+    parser.add_argument('--batch-size', type=cli.positive_int, default=None,
+                        help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
+    parser.add_argument('--iters', type=cli.positive_int, default=2)
+    cli.add_device_arg(parser)
+    parser.add_argument('--threads', type=cli.positive_int, default=None,
+                        help='torch CPU threads (default: torch default)')
     parser.add_argument('--data-dir', default=os.path.join('..', 'shared', 'data', 'cifar10'),
                         help='CIFAR-10 npz folder for the bf16 check (skipped if absent)')
-    parser.add_argument('--bf16-model', default='sa_quadratic_cifar', help='model for the bf16 check ("" to skip)')
+    parser.add_argument('--bf16-model', type=_optional_model, default='sa_quadratic_cifar',
+                        help='model for the bf16 check ("" to skip)')
     parser.add_argument('--train', action='store_true',
                         help='instead: training-step throughput of the compact CPU-trainable models (or --models), '
                              'batch 256')
     parser.add_argument('--amp', choices=('none', 'bf16'), default='none', help='autocast for --train')
-    parser.add_argument('--versus', nargs='*', default=None, metavar='MODEL:BASELINE',
+    parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
-    parser.add_argument('--baseline-kwargs', type=json.loads, default=None,
+    parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
-    parser.add_argument('--bf16-images', type=int, default=128,
+    parser.add_argument('--bf16-images', type=cli.positive_int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)
     if args.threads:
@@ -267,7 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
             rows.append(row)
         return rows
     if args.versus is not None:
-        return _versus(args.versus or ['aa_resnet50:resnet50'], args)
+        return _versus(args.versus or [('aa_resnet50', 'resnet50')], args)
     names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]
     print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
     print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "
@@ -290,4 +301,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

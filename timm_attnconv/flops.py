@@ -9,7 +9,6 @@ Usage::
 
     python -m timm_attnconv.flops sa_quadratic_cifar sa_learned_cifar --img-size 32
 """
-import argparse
 import logging
 import math
 import warnings
@@ -18,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from . import cli
 from .layers import PositionalSelfAttention, set_attn_path
 
 __all__ = ['count_macs', 'model_report', 'EXACT_HANDLES']
@@ -160,17 +160,18 @@ def _format_table(rows: List[Dict[str, Any]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     import timm_attnconv
-    parser = argparse.ArgumentParser(
-        description='Params and MACs (fvcore with exact attention handles) of timm_attnconv models. "GMACs" is the '
-                    'path the model runs, "original" the dense algorithm of the paper code, "paper-style" the '
-                    'convention of the model\'s paper: 2 × MACs of Linear layers and stem only for Cordonnier et al., '
-                    '2 × all MACs for Bello et al.')
-    parser.add_argument('models', nargs='*', help='model names (default: all registered)')
-    parser.add_argument('--img-size', type=int, default=None, help='square input size (default: each cfg\'s)')
+    parser = cli.parser(
+        __spec__.name,
+        'Params and MACs (fvcore with exact attention handles) of timm_attnconv models. "GMACs" is the path the model '
+        'runs, "original" the dense algorithm of the paper code, "paper-style" the convention of the model\'s paper: '
+        '2 × MACs of Linear layers and stem only for Cordonnier et al., 2 × all MACs for Bello et al.')
+    parser.add_argument('models', nargs='*', type=cli.model_name, help='model names (default: all registered)')
+    parser.add_argument('--img-size', type=cli.positive_int, default=None,
+                        help='square input size (default: each cfg\'s)')
     args = parser.parse_args(argv)
     names = args.models or timm_attnconv.list_models()
     print(_format_table([model_report(n, args.img_size) for n in names]))
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

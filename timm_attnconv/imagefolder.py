@@ -3,21 +3,22 @@
     python -m timm_attnconv.imagefolder OUT --split test           # OUT/validation/<label>_<class>/<index>.png
     python -m timm_attnconv.imagefolder OUT --split train --classes cat dog --per-class 300      # a 2-class task
 """
-import argparse
 import os
 from typing import List, Optional, Sequence
 
+from . import cli
 from .data import SPLIT_SIZES, write_image_folder
 
 __all__ = ['main']
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.imagefolder', description=__doc__.split('\n')[0])
+    parser = cli.parser(__spec__.name, __doc__.split('\n')[0])
     parser.add_argument('out_dir')
     parser.add_argument('--split', choices=sorted(SPLIT_SIZES), default='test')
     parser.add_argument('--classes', nargs='+', default=None, metavar='NAME', help='a subset of the classes, by name')
-    parser.add_argument('--per-class', type=int, default=None, metavar='N', help='the first N images of each class')
+    parser.add_argument('--per-class', type=cli.positive_int, default=None, metavar='N',
+                        help='the first N images of each class')
     parser.add_argument('--data-dir', default=None, help='train.npz / test.npz folder (default ../shared/data/cifar10)')
     args = parser.parse_args(argv)
     paths = write_image_folder(args.out_dir, args.split, args.classes, args.per_class, args.data_dir)
@@ -26,4 +27,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

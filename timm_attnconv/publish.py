@@ -7,11 +7,11 @@ Before anything is sent, each folder is checked: the Hub-layout files are presen
 recorded when it was staged, and the folder loads with ``timm.create_model('local-dir:<folder>', pretrained=True)``.
 The repo id is ``<HF_ORG>/<folder name>`` unless ``--repo-id`` says otherwise.
 """
-import argparse
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import cli
 from .pretrained import HF_ORG, WEIGHTS_FILE, folder_digests, hub_id, recorded_sha256
 
 __all__ = ['check_folder', 'publish', 'main']
@@ -45,7 +45,7 @@ def publish(folders: Sequence[str], repo_id: Optional[str] = None, dry_run: bool
     from huggingface_hub import HfApi, get_token
 
     if repo_id and len(folders) != 1:
-        raise ValueError('--repo-id names one repo: pass a single folder with it')
+        raise cli.UsageError('--repo-id names one repo: pass a single folder with it')
     plans = [check_folder(Path(f), repo_id or hub_id(Path(f).name)) for f in folders]
     if dry_run:
         return plans
@@ -62,7 +62,7 @@ def publish(folders: Sequence[str], repo_id: Optional[str] = None, dry_run: bool
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('folders', nargs='+', help='staged folders, e.g. weights/sa_quadratic_tiny_cifar.c10')
     parser.add_argument('--repo-id', default=None, help=f'target repo (default {HF_ORG}/<folder name>)')
     parser.add_argument('--private', action='store_true')
@@ -74,4 +74,4 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

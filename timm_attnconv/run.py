@@ -9,31 +9,47 @@ the models) and then runs the script exactly as ``python script.py args`` would:
 script's folder on ``sys.path``, its exit code. Nothing is installed into site-packages (a ``.pth`` hook would import
 torch and timm at every Python start).
 """
+import importlib.util
 import os
 import runpy
 import sys
 from typing import Optional, Sequence
 
+from . import cli
+
 USAGE = 'usage: python -m timm_attnconv.run SCRIPT.py [ARGS...]  |  python -m timm_attnconv.run -m MODULE [ARGS...]'
 
 
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a parent package that is not there
+        return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Not through :func:`cli.run`: the script's own errors keep their traceback, as under ``python script.py``."""
+    program = cli.prog(__spec__.name)
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ('-h', '--help'):
+    if args[:1] in (['-h'], ['--help']):
         print(__doc__.strip() + '\n\n' + USAGE)
-        raise SystemExit(0 if args else 2)
+        raise SystemExit(0)
+    if not args:
+        cli.fail(program, f'name the script to run: {USAGE}')
     import timm_attnconv  # noqa: F401  (registers the models with timm)
 
     if args[0] == '-m':
         if len(args) < 2:
-            raise SystemExit(f'-m needs a module name\n{USAGE}')
+            cli.fail(program, f'-m needs a module name: {USAGE}')
+        if not _module_exists(args[1]):
+            cli.fail(program, f'no module named {args[1]!r} (-m takes a module that Python can import): {USAGE}')
         sys.argv = [args[1]] + args[2:]
         runpy.run_module(args[1], run_name='__main__', alter_sys=True)
         return
     script = args[0]
     if not os.path.isfile(script):
-        raise SystemExit(f'no such script: {script!r} (pass the path of a timm script, e.g. '
-                         f'pytorch-image-models/train.py)\n{USAGE}')
+        cli.fail(program, f'no such script: {script!r} (pass the path of a timm script, e.g. '
+                          f'pytorch-image-models/train.py): {USAGE}')
     sys.argv = [script] + args[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name='__main__')

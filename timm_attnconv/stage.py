@@ -19,6 +19,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import cli
 from .pretrained import SHA256_RECORD, WEIGHTS_FILE, record_folder, sha256_file
 
 __all__ = ['stage', 'training_command', 'plot_training_curves', 'main']
@@ -380,11 +382,18 @@ def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str)
     return ' '.join(parts)
 
 
+def _tag(text: str) -> str:
+    # the tag ends a folder name and a timm model name (<arch>.<tag>): no dots, slashes or spaces
+    if not re.fullmatch(r'[A-Za-z0-9_-]+', text):
+        raise argparse.ArgumentTypeError(f'expected letters, digits, _ or -, as in c10 or c10_2ep, got {text!r}')
+    return text
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('run', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, or '
                                     'model.safetensors / ema.safetensors with config.json; log.jsonl)')
-    parser.add_argument('--tag', required=True, help='pretrained tag, e.g. c10 → weights/<arch>.c10/')
+    parser.add_argument('--tag', required=True, type=_tag, help='pretrained tag, e.g. c10 → weights/<arch>.c10/')
     parser.add_argument('--weights', choices=('auto', 'model', 'ema'), default='auto',
                         help='which weights to ship; auto: the better of the two on the test set')
     parser.add_argument('--dtype', choices=('auto', *STORAGE_DTYPES), default='auto',
@@ -394,7 +403,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                         help="training options the run used that its config does not record, for the card's command")
     parser.add_argument('--out', default='weights', help='folder of Hub-layout weight folders')
     parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
-    parser.add_argument('--limit', type=int, default=None, help='evaluate on the first N test images only')
+    parser.add_argument('--limit', type=cli.positive_int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
     args = parser.parse_args(argv)
     result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
@@ -404,4 +413,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from . import cli
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
 
@@ -64,43 +65,45 @@ DIVERGED_FIX = ('running the same command again repeats it; start over with anot
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--model', required=True)
-    p.add_argument('--model-kwargs', type=json.loads, default={}, help='JSON dict for timm.create_model')
+    p = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
+    p.add_argument('--model', required=True, type=cli.model_name)
+    p.add_argument('--model-kwargs', type=cli.json_object, default={}, help='JSON dict for timm.create_model')
     p.add_argument('--init-from', default=None,
                    help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) or .safetensors file '
                         'instead of a random init; a model of another layout must support it '
                         '(SelfAttentionNet.init_from)')
     p.add_argument('--data-dir', default=None, help='folder with train.npz / test.npz or cifar-10-batches-py')
     p.add_argument('--output', required=True, help='run folder: checkpoint, log.jsonl')
-    p.add_argument('--epochs', type=int, default=30)
-    p.add_argument('--batch-size', type=int, default=128)
+    p.add_argument('--epochs', type=cli.positive_int, default=30)
+    p.add_argument('--batch-size', type=cli.positive_int, default=128)
     p.add_argument('--opt', default='adamw', help='timm optimizer name')
-    p.add_argument('--lr', type=float, default=2e-3)
-    p.add_argument('--weight-decay', type=float, default=0.05)
+    p.add_argument('--lr', type=cli.non_negative_float, default=2e-3)
+    p.add_argument('--weight-decay', type=cli.non_negative_float, default=0.05)
     p.add_argument('--sched', default='cosine', help='timm scheduler name')
-    p.add_argument('--warmup-epochs', type=int, default=1)
-    p.add_argument('--min-lr', type=float, default=1e-5)
-    p.add_argument('--smoothing', type=float, default=0.1, help='label smoothing')
-    p.add_argument('--clip-grad', type=float, default=None, help='clip the gradient norm to this value')
+    p.add_argument('--warmup-epochs', type=cli.non_negative_int, default=1)
+    p.add_argument('--min-lr', type=cli.non_negative_float, default=1e-5)
+    p.add_argument('--smoothing', type=cli.probability, default=0.1, help='label smoothing')
+    p.add_argument('--clip-grad', type=cli.positive_float, default=None, help='clip the gradient norm to this value')
     p.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3)')
-    p.add_argument('--model-ema-decay', type=float, default=0.999)
+    p.add_argument('--model-ema-decay', type=cli.probability, default=0.999)
     p.add_argument('--amp', choices=('none', 'bf16', 'fp16'), default='none',
                    help='autocast dtype (bf16 pays off only on CPUs with bf16 units and on GPUs)')
     p.add_argument('--channels-last', action='store_true')
     p.add_argument('--compile', action='store_true', help='torch.compile the model')
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--seed', type=int, default=42)
-    p.add_argument('--train-limit', type=int, default=None, help='first N training images only (smoke tests)')
-    p.add_argument('--eval-limit', type=int, default=None,
+    cli.add_device_arg(p)
+    p.add_argument('--seed', type=cli.non_negative_int, default=42)
+    p.add_argument('--train-limit', type=cli.positive_int, default=None,
+                   help='first N training images only (smoke tests)')
+    p.add_argument('--eval-limit', type=cli.positive_int, default=None,
                    help='first N test images only (smoke tests); fixed for the run, so its log compares like with like')
-    p.add_argument('--max-steps', type=int, default=None, help='stop (with a checkpoint) after this many steps')
-    p.add_argument('--eval-every', type=int, default=1,
+    p.add_argument('--max-steps', type=cli.positive_int, default=None,
+                   help='stop (with a checkpoint) after this many steps')
+    p.add_argument('--eval-every', type=cli.positive_int, default=1,
                    help='test the weights every N epochs and after the last; the log line of an epoch without a test '
                         'has no test_* keys')
     p.add_argument('--eval-ema', action='store_true',
                    help='test the EMA weights at every test of the weights, not only after the last epoch')
-    p.add_argument('--log-interval', type=int, default=50,
+    p.add_argument('--log-interval', type=cli.positive_int, default=50,
                    help='check the training loss and update the progress bar every N steps: the only points in '
                         'an epoch where the host waits for the device')
     p.add_argument('--no-resume', action='store_true', help='refuse to start if the output holds a checkpoint')
@@ -230,8 +233,7 @@ def _config(args: argparse.Namespace, data: Dict[str, str], world_size: int) -> 
 
 
 def _build(config: Dict[str, Any]) -> nn.Module:
-    import timm
-    return timm.create_model(config['model'], num_classes=10, **config['model_kwargs'])
+    return cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
 
 
 def initial_model(config: Dict[str, Any]) -> nn.Module:
@@ -269,7 +271,7 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
                          f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e
     if not isinstance(state, dict) or 'config' not in state:
         raise ValueError(f'{path!r} is not a training checkpoint of `python -m timm_attnconv.train` (it holds no run '
-                         f'config; a weights file? evaluate reads those as .safetensors)')
+                         f'config; a weights file? the tools read those as .safetensors files)')
     if 'sha256' not in state:
         warnings.warn(f'{path!r} was written before training checkpoints carried a sha256 digest: its contents are '
                       f'not verified')
@@ -414,8 +416,6 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
     from timm.scheduler import create_scheduler_v2
     from timm.utils import ModelEmaV3
 
-    if args.eval_every < 1 or args.log_interval < 1:
-        raise ValueError('--eval-every and --log-interval count epochs and steps: pass 1 or more')
     ckpt_path, log_path = os.path.join(args.output, CHECKPOINT), os.path.join(args.output, LOG)
     train_x, train_y, test_x, test_y = _load_data(args)
     config = _config(args, dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)),
@@ -591,4 +591,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)

@@ -14,12 +14,12 @@ of its parts), ``config.json`` (the run config as the checkpoint records it) and
 and writes ``model.safetensors`` / ``ema.safetensors`` byte for byte as exported, beside ``config.json`` and
 ``log.jsonl``: the folder ``python -m timm_attnconv.stage`` stages.
 """
-import argparse
 import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import cli
 from .train import CHECKPOINT, LOG, _atomic_write, read_checkpoint
 
 __all__ = ['export', 'join', 'main']
@@ -132,12 +132,13 @@ def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    parser = argparse.ArgumentParser(prog='python -m timm_attnconv.transfer', description=__doc__.split('\n\n')[0])
+    parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     commands = parser.add_subparsers(dest='command', required=True)
     out = commands.add_parser('export', help='write the next parts of a run (run on the machine that trained it)')
     out.add_argument('run', help='--output folder of the training run (last.pth.tar)')
     out.add_argument('out', help='folder to write into, e.g. $OUT/<run name>')
-    out.add_argument('--start', type=int, default=0, help='first part to write (the previous call prints it)')
+    out.add_argument('--start', type=cli.non_negative_int, default=0,
+                     help='first part to write (the previous call prints it)')
     back = commands.add_parser('join', help='join the parts of every call into a run folder')
     back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors, config.json, log.jsonl)')
     back.add_argument('parts', nargs='+', help='the folders the export calls wrote, one per call')
@@ -153,4 +154,4 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == '__main__':
-    main()
+    cli.run(main)
