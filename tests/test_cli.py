@@ -182,6 +182,14 @@ def test_a_bad_argument_gets_one_line_and_a_non_zero_exit(tool, argv, status, me
     assert message in errors[0]
 
 
+def test_a_later_device_overrides_one_this_machine_lacks():
+    # training/gpu/launch.sh passes its recipe's --device cuda first and the caller's options after it
+    from timm_attnconv.train import _parser
+    args = _parser().parse_args(TINY + ['--output', 'unused', '--device', f'cuda:{torch.cuda.device_count()}',
+                                        '--device', 'cpu'])
+    assert args.device == 'cpu'
+
+
 def test_every_tool_runs_its_main_through_the_runner():
     # `run` hands a script's own errors through (its main reports its argument errors itself)
     for tool in _tools():

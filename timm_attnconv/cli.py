@@ -49,6 +49,15 @@ def fail(program: str, message: str, status: int = 2) -> NoReturn:
 
 
 class _Parser(argparse.ArgumentParser):
+    def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        # checked on the parsed value, not per occurrence: a later --device overrides a recipe's earlier one that this
+        # machine lacks (training/gpu/launch.sh on a CPU)
+        missing = _missing_device(parsed.device) if 'device' in vars(parsed) else None
+        if missing:
+            self.error(f'argument --device: {missing}')
+        return parsed
+
     def error(self, message: str) -> NoReturn:
         # one line like every other failure of the tools (argparse would print the usage first); --help has it
         fail(self.prog, f'{message} (--help lists the options)')
@@ -110,17 +119,23 @@ def model_name(text: str) -> str:
 
 
 def device(text: str) -> str:
-    """``auto``: ``cuda`` when torch sees a GPU, else ``cpu``; any other torch device string, if it is there."""
+    """``auto``: ``cuda`` when torch sees a GPU, else ``cpu``; any other torch device string (the parser checks that
+    the device is there)."""
     if text == 'auto':
         return 'cuda' if torch.cuda.is_available() else 'cpu'
     try:
-        chosen = torch.device(text)
+        torch.device(text)
     except RuntimeError:
         raise argparse.ArgumentTypeError(f'{text!r} is not a torch device: pass auto, cpu, cuda or cuda:N') from None
-    if chosen.type == 'cuda' and (chosen.index or 0) >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f'{text}: torch sees {torch.cuda.device_count()} CUDA device(s) here; '
-                                         f'pass --device cpu, or auto (cuda where there is one)')
     return text
+
+
+def _missing_device(name: str) -> Optional[str]:
+    chosen = torch.device(name)
+    if chosen.type == 'cuda' and (chosen.index or 0) >= torch.cuda.device_count():
+        return (f'{name}: torch sees {torch.cuda.device_count()} CUDA device(s) here; pass --device cpu, or auto (cuda '
+                f'where there is one)')
+    return None
 
 
 def create_model(name: str, option: str, option_kwargs: Dict[str, Any], **kwargs) -> nn.Module:
