@@ -15,10 +15,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from tqdm import tqdm
 
+from .constants import AMP_DTYPES as AMP
+
 __all__ = ['image_files', 'predict', 'main']
 
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp', '.gif', '.tif', '.tiff')
-AMP = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 def image_files(paths: Sequence[str]) -> List[str]:

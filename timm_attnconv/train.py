@@ -40,13 +40,12 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from .constants import AMP_DTYPES, CHECKPOINT, LOG
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
 
 __all__ = ['main', 'read_checkpoint', 'load_training_checkpoint', 'load_weights']
 
-CHECKPOINT = 'last.pth.tar'
-LOG = 'log.jsonl'
 LOCK = 'train.lock'
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
 # test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
@@ -443,7 +442,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
         step_on_epochs=False, updates_per_epoch=steps_per_epoch)
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema and rank == 0 else None
     criterion = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
-    amp_dtype = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[args.amp]
+    amp_dtype = AMP_DTYPES[args.amp]
     grad_scaler = torch.amp.GradScaler(device.type) if args.amp == 'fp16' else None
 
     epoch, step_in_epoch, global_step, log = 0, 0, 0, []

@@ -16,7 +16,7 @@ from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_c
 from timm.models._features import feature_take_indices
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from ..data import CIFAR10_CLASSES
+from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from ..layers import AAConv2d
 from ..pretrained import hub_id, resolve_pretrained_kwargs
 from ._input import check_image_batch
@@ -318,9 +318,9 @@ def _cfg(paper: str, **kwargs) -> Dict[str, Any]:
 
 def _cifar_cfg(paper: str, num_classes: int = 10, **kwargs) -> Dict[str, Any]:
     if num_classes == 10:
-        kwargs.update(mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010), label_names=CIFAR10_CLASSES)
+        kwargs.update(mean=CIFAR10_MEAN, std=CIFAR10_STD, label_names=CIFAR10_CLASSES)
     else:
-        kwargs.update(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
+        kwargs.update(mean=CIFAR100_MEAN, std=CIFAR100_STD)
     return _cfg(paper, num_classes=num_classes, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0, **kwargs)
 
 

@@ -31,7 +31,7 @@ from timm.layers import DropPath, Mlp, SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
-from ..data import CIFAR10_CLASSES
+from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ..layers import LearnedScores, PositionalSelfAttention
 from ..pretrained import hub_id, resolve_pretrained_kwargs
 from ._input import check_image_batch
@@ -39,8 +39,6 @@ from ._registry import register_model
 
 __all__ = ['SelfAttentionNet']
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)  # the original training code's values (spec §5), not the exact pixel std
 POS_ENCODINGS = ('quadratic', 'quadratic_gen', 'learned')
 REL_POS_SCORES = ('query', 'head')
 
