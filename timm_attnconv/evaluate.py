@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .data import load_cifar10, normalize
+from .runs import load_training_checkpoint
 
 __all__ = ['evaluate', 'predict_logits', 'scores', 'main']
 
@@ -66,7 +67,6 @@ def model_from_args(args: argparse.Namespace) -> nn.Module:
     """The model named by ``--model`` with ``--pretrained`` weights or a ``--checkpoint``: a training checkpoint of
     that architecture (``--ema``: its EMA weights) or a ``.safetensors`` weights file."""
     import timm
-    from .train import load_training_checkpoint
     weights_file = bool(args.checkpoint) and args.checkpoint.endswith('.safetensors')
     if args.checkpoint and not weights_file:
         return load_training_checkpoint(args.checkpoint, use_ema=args.ema, model_name=args.model)

@@ -206,7 +206,7 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
     checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
     from safetensors.torch import load_file
-    from .train import read_checkpoint
+    from .runs import read_checkpoint
 
     log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
     ckpt = os.path.join(run_dir, CHECKPOINT)
@@ -239,7 +239,7 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
 def _choose_weights(run: Dict[str, Any], which: str, images, labels) -> tuple:
     """``(logits, key, model)`` of the run's ``'model'`` or ``'ema'`` weights; ``'auto'``: the higher test top-1."""
     from .evaluate import predict_logits, scores
-    from .train import load_weights
+    from .runs import load_weights
     candidates = ['model', 'ema'] if which == 'auto' else [which]
     candidates = [c for c in candidates if run.get(c) is not None]
     if not candidates:

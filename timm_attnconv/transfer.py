@@ -21,7 +21,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILES
-from .train import _atomic_write, read_checkpoint
+from .runs import read_checkpoint
+from .train import _atomic_write
 
 __all__ = ['export', 'join', 'main']
 
