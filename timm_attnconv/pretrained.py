@@ -130,9 +130,10 @@ def _download(repo_id: str, filename: str) -> str:
 
 
 def _pretrained_names() -> List[str]:
-    import timm
-    from .models import MODEL_MODULES
-    return timm.list_models(module=list(MODEL_MODULES), pretrained=True, include_tags=True)
+    # read from timm's registry, not from .models: the models import this module
+    from timm.models import get_pretrained_cfg, list_pretrained
+    return [name for name in list_pretrained()
+            if (get_pretrained_cfg(name).hf_hub_id or '').startswith(f'{HF_ORG}/')]
 
 
 def resolve_pretrained_kwargs(variant: str, pretrained: bool, kwargs: Dict[str, Any]) -> Dict[str, Any]:
