@@ -12,19 +12,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import SelectAdaptivePool2d, to_2tuple
-from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
+from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from ..layers import AAConv2d
-from ..pretrained import hub_id, resolve_pretrained_kwargs
-from ._input import check_image_batch
-from ._registry import register_model
+from ..pretrained import hub_id
+from . import _input
+from ._registry import build_family_model, register_model
 
 __all__ = ['AAResNet', 'CifarResNet']
-
-torch.fx.wrap('check_image_batch')  # a leaf for FX: timm's notrace list reaches only the root module's globals
 
 
 def _halve(size: int, times: int) -> int:
@@ -88,7 +86,7 @@ class AAResNet(ResNet):
         return _relative_tables(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
+        _input.check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
         return self.forward_head(self.forward_features(x))
 
 
@@ -267,7 +265,7 @@ class CifarResNet(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.in_chans)
+        _input.check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         x = checkpoint_seq(self.stages, x) if self.grad_checkpointing and not torch.jit.is_scripting() \
             else self.stages(x)
@@ -293,17 +291,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: AAResNet) -> Dict[st
 
 
 def _create_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> AAResNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    return build_model_with_cfg(AAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
+    return build_family_model(AAResNet, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
 def _create_cifar_resnet(variant: str, pretrained: bool = False, model_cls: type = CifarResNet,
                          **kwargs) -> CifarResNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    feature_cfg = dict(out_indices=kwargs.pop('out_indices', (0, 1, 2)), feature_cls='getter')
-    feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
-    return build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                feature_cfg=feature_cfg, **kwargs)
+    return build_family_model(model_cls, variant, pretrained, checkpoint_filter_fn,
+                              feature_defaults=dict(out_indices=(0, 1, 2), feature_cls='getter'), **kwargs)
 
 
 def _cfg(paper: str, **kwargs) -> Dict[str, Any]:

@@ -28,14 +28,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp, SelectAdaptivePool2d
-from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
+from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
 from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ..layers import LearnedScores, PositionalSelfAttention
-from ..pretrained import hub_id, resolve_pretrained_kwargs
-from ._input import check_image_batch
-from ._registry import register_model
+from ..pretrained import hub_id
+from . import _input
+from ._registry import build_family_model, register_model
 
 __all__ = ['SelfAttentionNet']
 
@@ -203,7 +203,7 @@ class SelfAttentionNet(nn.Module):
             if num_classes > 0 else nn.Identity()
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.in_chans, self.patch_size)
+        _input.check_image_batch(x, self.in_chans, self.patch_size)
         return self.patch_embed.proj(x).permute(0, 2, 3, 1)  # NHWC tokens
 
     def forward_intermediates(
@@ -421,17 +421,8 @@ def _original_layer_key(name: str, query_position: bool) -> str:
 
 def _create_sa(variant: str, pretrained: bool = False, model_cls: type = SelfAttentionNet,
                **kwargs) -> SelfAttentionNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    feature_cfg = dict(out_indices=kwargs.pop('out_indices', kwargs.get('depth', 6)), feature_cls='getter')
-    feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
-    return build_model_with_cfg(
-        model_cls,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=feature_cfg,
-        **kwargs,
-    )
+    return build_family_model(model_cls, variant, pretrained, checkpoint_filter_fn,
+                              feature_defaults=dict(out_indices=kwargs.get('depth', 6), feature_cls='getter'), **kwargs)
 
 
 # Compact twins for CPU training: the paper's 6 layers × 9 heads (so its head figures stay comparable) at width 64,
