@@ -20,6 +20,7 @@ from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEA
 from ..layers import AAConv2d
 from ..pretrained import hub_id
 from . import _input
+from ._intermediates import forward_intermediates
 from ._registry import build_family_model, register_model
 
 __all__ = ['AAResNet', 'CifarResNet']
@@ -240,19 +241,9 @@ class CifarResNet(nn.Module):
             intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """Stage outputs (NCHW) at ``indices`` (timm semantics) and, unless ``intermediates_only``, the features."""
-        if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        intermediates = []
-        x = self.act1(self.bn1(self.conv1(x)))
-        stages = self.stages if not stop_early else self.stages[:max_index + 1]
-        for index, stage in enumerate(stages):
-            x = checkpoint_seq(stage, x) if self.grad_checkpointing and not torch.jit.is_scripting() else stage(x)
-            if index in take_indices:
-                intermediates.append(x)
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
+        return forward_intermediates(
+            self.stages, self.act1(self.bn1(self.conv1(x))), indices, stop_early, output_fmt, intermediates_only,
+            checkpointing=self.grad_checkpointing, features=self.norm)
 
     def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> List[int]:

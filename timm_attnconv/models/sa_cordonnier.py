@@ -35,6 +35,7 @@ from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ..layers import LearnedScores, PositionalSelfAttention
 from ..pretrained import hub_id
 from . import _input
+from ._intermediates import forward_intermediates
 from ._registry import build_family_model, register_model
 
 __all__ = ['SelfAttentionNet']
@@ -217,25 +218,9 @@ class SelfAttentionNet(nn.Module):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """Features after each selected layer (``NCHW`` or ``NHWC``) and, unless ``intermediates_only``, the output of
         ``forward_features``. ``norm`` is accepted for timm compatibility; post-LN layers already end in a norm."""
-        if output_fmt not in ('NCHW', 'NHWC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        intermediates = []
-        x = self._embed(x)
-        if torch.jit.is_scripting() or not stop_early:
-            blocks = self.blocks
-        else:
-            blocks = self.blocks[:max_index + 1]
-        for i, blk in enumerate(blocks):
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-            if i in take_indices:
-                intermediates.append(x.permute(0, 3, 1, 2) if output_fmt == 'NCHW' else x)
-        if intermediates_only:
-            return intermediates
-        return x.permute(0, 3, 1, 2), intermediates
+        return forward_intermediates(
+            self.blocks, self._embed(x), indices, stop_early, output_fmt, intermediates_only, layout='NHWC',
+            checkpointing=self.grad_checkpointing, features=lambda tokens: tokens.permute(0, 3, 1, 2))
 
     def prune_intermediate_layers(
             self,
