@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_fused_attn
 
+from .attention_interface import AttentionLayer
 from .relative import rel_logits_2d
 
 __all__ = ['AAConv2d', 'aa_dims']
@@ -48,7 +49,7 @@ def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_
 
 
 @register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
-class AAConv2d(nn.Module):
+class AAConv2d(AttentionLayer):
     """Attention-augmented ``k×k`` convolution, a drop-in for ``nn.Conv2d(in_chs, out_chs, k, stride)``.
 
     Args:
@@ -94,14 +95,12 @@ class AAConv2d(nn.Module):
         self.dim_k, self.dim_v = aa_dims(out_chs, num_heads, kappa, upsilon, min_dim_head_qk)
         if self.dim_v > out_chs:
             raise ValueError(f'upsilon={upsilon} asks for {self.dim_v} attention channels of {out_chs}')
+        self.init_attention(num_heads)
         self.in_channels, self.out_channels, self.stride = in_chs, out_chs, stride
-        self.num_heads = num_heads
         self.dim_head_k = self.dim_k // num_heads
         self.scale = self.dim_head_k ** -0.5
         self.num_pools = int(stride == 2) + int(attn_pool)
         self.attn_grid = to_2tuple(attn_grid)
-        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
-        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
         self.resize_tables = resize_tables
         self.fused_attn = use_fused_attn()
 
@@ -188,7 +187,7 @@ class AAConv2d(nn.Module):
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
         # on CPU a float mask sends SDPA to its math kernel, slower than the explicit path (benchmark)
-        if self.fused_attn and q.device.type != 'cpu':
+        if self.fused_attn and not self.form_maps and q.device.type != 'cpu':
             heads = self._heads_fused(q, k, v, grid)
         else:
             heads = self._heads_explicit(q, k, v, grid)

@@ -13,14 +13,15 @@ behind one interface so that the attention core can take any of them:
 
 Offsets are ``key - query`` in (row, column) order everywhere, as in the original code (spec §2.3).
 """
-from typing import Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from .relative import gather_relative, relative_offsets, rel_logits_2d
 
-__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits']
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits', 'PositionTerm',
+           'POSITION_TERMS', 'position_term']
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -182,3 +183,37 @@ class QueryRelativeScores(nn.Module):
         rows, cols = rel_logits_2d(
             q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)
         return rows[..., :, None] + cols[..., None, :]
+
+
+class PositionTerm(NamedTuple):
+    """A position term of the attention logits, as :class:`PositionalSelfAttention` builds it."""
+    # build(dim, num_heads, max_grid, resize, device=..., dtype=...) -> a module of the interface above
+    build: Callable[..., nn.Module]
+    # scores offsets with the queries (q·r), which only a layer with the content term computes
+    scores_queries: bool = False
+    # the term that scores the same offsets with the queries: what a content model with q·r scores uses instead
+    query_variant: Optional[str] = None
+
+
+# One entry per term; PositionalSelfAttention and the SA models accept its name (add the module above, then here).
+POSITION_TERMS: Dict[str, PositionTerm] = {
+    # Cordonnier et al. 2020, eq. 9 and §4.1: a Gaussian per head, isotropic or with a full inverse covariance
+    'quadratic': PositionTerm(lambda dim, heads, grid, resize, **dd: QuadraticScores(heads, isotropic=True, **dd)),
+    'quadratic_gen': PositionTerm(lambda dim, heads, grid, resize, **dd: QuadraticScores(heads, isotropic=False, **dd)),
+    # §4.2: learned relative embeddings scored by a learned key per head (w·r)
+    'learned': PositionTerm(lambda dim, heads, grid, resize, **dd: LearnedScores(dim, heads, grid, resize, **dd),
+                            query_variant='query_relative'),
+    # the same embeddings scored by the queries (q·r, Ramachandran et al. 2019): the paper's content model
+    'query_relative': PositionTerm(lambda dim, heads, grid, resize, **dd: QueryRelativeScores(dim, grid, resize, **dd),
+                                   scores_queries=True),
+}
+
+
+def position_term(name: str, content: bool, arg: str = 'position') -> PositionTerm:
+    """The registered term ``name`` for a layer with (``content``) or without the content term; a ``ValueError``
+    that names the argument ``arg`` for an unknown name or a term that needs the content term's queries."""
+    if name not in POSITION_TERMS:
+        raise ValueError(f'{arg} must be one of {tuple(POSITION_TERMS)}, got {name!r}')
+    if POSITION_TERMS[name].scores_queries and not content:
+        raise ValueError(f'{arg}={name!r} scores queries, so it needs content=True')
+    return POSITION_TERMS[name]

@@ -32,7 +32,7 @@ from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
 from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
-from ..layers import LearnedScores, PositionalSelfAttention
+from ..layers import LearnedScores, PositionalSelfAttention, position_term
 from ..pretrained import hub_id
 from . import _input
 from ._intermediates import forward_intermediates
@@ -40,7 +40,6 @@ from ._registry import build_family_model, register_model
 
 __all__ = ['SelfAttentionNet']
 
-POS_ENCODINGS = ('quadratic', 'quadratic_gen', 'learned')
 REL_POS_SCORES = ('query', 'head')
 
 
@@ -102,7 +101,8 @@ class SelfAttentionNet(nn.Module):
         num_heads: heads per layer (paper 9), or one count per layer (pruned models).
         mlp_dim: hidden width of the MLP (paper 512, absolute, not a ratio).
         patch_size: side of the space-to-depth block (paper 2).
-        pos_encoding: ``'quadratic'`` (isotropic, paper §4.1), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``) or ``'learned'``.
+        pos_encoding: a name of :data:`~timm_attnconv.layers.POSITION_TERMS`: ``'quadratic'`` (isotropic, paper
+            §4.1), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``) or ``'learned'`` (§4.2).
         content: add content attention ``q·k/√D`` (learned encoding only in the paper).
         rel_pos_score: with ``content``, ``'query'`` scores offsets by ``q·r`` (the paper's 29.5M model, default) or
             ``'head'`` by a learned per-head key ``w·r`` (the authors' first public code, 29.6M).
@@ -142,8 +142,7 @@ class SelfAttentionNet(nn.Module):
     ):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
-        if pos_encoding not in POS_ENCODINGS:
-            raise ValueError(f'pos_encoding must be one of {POS_ENCODINGS}, got {pos_encoding!r}')
+        term = position_term(pos_encoding, content, 'pos_encoding')
         if rel_pos_score not in REL_POS_SCORES:
             raise ValueError(f'rel_pos_score must be one of {REL_POS_SCORES}, got {rel_pos_score!r}')
         if global_pool not in ('avg', ''):
@@ -151,9 +150,8 @@ class SelfAttentionNet(nn.Module):
         heads = (num_heads,) * depth if isinstance(num_heads, int) else tuple(num_heads)
         if len(heads) != depth:
             raise ValueError(f'num_heads has {len(heads)} entries for depth={depth}: give one count per layer')
-        position = pos_encoding
-        if content and pos_encoding == 'learned' and rel_pos_score == 'query':
-            position = 'query_relative'
+        query_scored = content and rel_pos_score == 'query' and term.query_variant is not None
+        position = term.query_variant if query_scored else pos_encoding
 
         self.num_classes = num_classes
         self.in_chans = in_chans
