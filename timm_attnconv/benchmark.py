@@ -29,6 +29,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from .data import load_cifar10, normalize
 from .layers import set_attn_path
 
 __all__ = ['compare_paths', 'main']
@@ -185,15 +186,12 @@ def training_throughput(
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
     """Share of real CIFAR-10 test images whose top-1 class is the same under bf16 autocast as in fp32."""
-    import numpy as np
     import timm
 
-    data = np.load(os.path.join(data_dir, 'test.npz'), allow_pickle=False)
+    images, _ = load_cifar10(data_dir, 'test')
     pretrained = timm.models.is_model_pretrained(name)
     model = timm.create_model(name, pretrained=pretrained).eval().to(device)
-    cfg = model.pretrained_cfg
-    x = torch.from_numpy(data['x'][:num_images]).permute(0, 3, 1, 2).float().div(255)
-    x = ((x - torch.tensor(cfg['mean'])[:, None, None]) / torch.tensor(cfg['std'])[:, None, None]).to(device)
+    x = normalize(images[:num_images], model.pretrained_cfg['mean'], model.pretrained_cfg['std']).to(device)
     with torch.no_grad():
         ref = model(x).argmax(-1)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
