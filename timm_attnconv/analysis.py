@@ -7,7 +7,8 @@
 * :func:`conv_likeness` is the quantitative form of Lemma 1's condition (Cordonnier et al. 2020): for each head, the
   attention mass on its most-attended relative offset, and that offset.
 * :func:`prune_degenerate_heads` is the paper's pruning of quadratic heads whose Gaussian has collapsed (§4.1,
-  spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
+  Table 1's pruned model; the original code's ``find_degenerated_heads`` and ``prune_heads``), with
+  ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
   params and MACs before and after, and ``python -m timm_attnconv.prune`` runs it on a trained model.
 """
 import math
@@ -99,7 +100,7 @@ def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
 
 
 def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e5) -> List[int]:
-    """Heads of a quadratic layer whose Gaussian has degenerated (the paper's criterion, spec §2.9).
+    """Heads of a quadratic layer whose Gaussian has degenerated (the original code's ``find_degenerated_heads``).
 
     Isotropic: ``σ² < min_eig`` (attention spread over the whole image). Generalized: the smallest eigenvalue of
     ``SᵀS`` (the original's ``Σ⁻¹`` for this test) below ``min_eig``, or its condition number above ``max_cond``.

@@ -11,7 +11,7 @@ behind one interface so that the attention core can take any of them:
   ``axis_logits(height, width)`` then gives the two ``(heads, L, L)`` parts, and the softmax factorises over rows and
   columns (see :mod:`timm_attnconv.layers.positional_attention`).
 
-Offsets are ``key - query`` in (row, column) order everywhere, as in the original code (spec §2.3).
+Offsets are ``key - query`` in (row, column) order everywhere, as in the original code's ``GaussianSelfAttention``.
 """
 from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
@@ -34,7 +34,8 @@ class QuadraticScores(nn.Module):
 
     Isotropic heads use ``Σ_h⁻¹ = σ_h² I`` (``spreads`` of shape ``(heads,)``, paper ``α_h = σ_h² / 2``);
     generalized heads use ``Σ_h⁻¹ = S_h S_hᵀ`` (``spreads`` of shape ``(heads, 2, 2)``), the product the original
-    forward pass uses (its pruning code used ``SᵀS``; spec §8.4). Scores are not scaled by ``1/√d``.
+    forward pass uses (its pruning code, ``find_degenerated_heads``, used ``SᵀS``). Scores are not scaled by
+    ``1/√d``.
 
     The constant ``½ μᵀ Σ⁻¹ μ`` that the original 5-term form drops is kept here; it cancels in the softmax.
     """
@@ -61,7 +62,8 @@ class QuadraticScores(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        # the original initialisation (spec §2.3): μ ~ N(0, 2), S ~ I + N(0, 0.01)
+        # the original code's initialisation (gaussian_init_mu_std 2, gaussian_init_sigma_std 0.01):
+        # μ ~ N(0, 2), S ~ I + N(0, 0.01)
         nn.init.normal_(self.centers, std=self.init_center_std)
         nn.init.normal_(self.spreads, std=self.init_spread_std)
         with torch.no_grad():
@@ -120,7 +122,7 @@ class LearnedScores(nn.Module):
     (``M`` = grid side they were made for) and per-head keys ``Linear(dim → heads, bias=False)``. The score is a sum of
     a row term and a column term, so it is ``separable``.
 
-    The original code named the tables the other way round (its ``col_embeddings`` scored row offsets; spec §8.3);
+    The original code named the tables the other way round (its ``col_embeddings`` scored row offsets);
     ``checkpoint_filter_fn`` of the model maps them.
     """
 
@@ -159,8 +161,9 @@ class LearnedScores(nn.Module):
 class QueryRelativeScores(nn.Module):
     """Query-dependent relative scores ``q · r`` (Ramachandran et al. 2019), as in the paper's content model.
 
-    The first half of each head's query scores row offsets, the second half column offsets (spec §2.8); both
-    tables are shared by all heads. Returns unscaled logits; the attention core scales them with the content term.
+    The first half of each head's query scores row offsets, the second half column offsets, as in the authors' later
+    code (``query_positional_score``); both tables are shared by all heads. Returns unscaled logits; the attention
+    core scales them with the content term.
     """
 
     separable = False

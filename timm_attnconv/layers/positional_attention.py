@@ -1,7 +1,7 @@
 """The self-attention layer of Cordonnier et al. (ICLR 2020) with pluggable position terms and exact fast paths.
 
 Per head ``h`` and query pixel ``q`` the layer averages the *full-width* input (paper eq. 4 with ``W_val`` merged
-into the output projection, spec §2.5)::
+into the output projection, as the original code's per-head ``value`` Linear after attention does)::
 
     A_h = softmax_k( s_h(k - q) [+ q_hᵀ k_h / √D] )          # position term, optional content term
     y   = proj( proj_heads( concat_h  A_h X ) )              # proj_heads: Linear(heads·D → D), proj: Linear(D → D)

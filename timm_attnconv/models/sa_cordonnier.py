@@ -2,8 +2,8 @@
 
 Paper: Jean-Baptiste Cordonnier, Andreas Loukas, Martin Jaggi, ICLR 2020, https://arxiv.org/abs/1911.03584
 Original code: https://github.com/epfml/attention-cnn (no weights published). This is a re-implementation from the
-paper and the design notes of this project (``docs/sa-cordonnier.md`` in the shared specification); no code of the
-original is used.
+paper and the original code's behaviour (``BertImage``, ``models/transformer.py`` and ``models/bert.py``); no code of
+the original is used.
 
 Architecture (paper §5, Table 1): 2×2 space-to-depth of the image (a 2×2/2 conv), six post-LN BERT layers whose
 attention heads each average the full-width tokens (per-head width D, not D/heads), a per-head value map fused after
@@ -44,7 +44,7 @@ REL_POS_SCORES = ('query', 'head')
 
 
 class PostNormBlock(nn.Module):
-    """BERT layer, post-LN (spec §2.2): ``y = LN(x + attn(x)); out = LN(y + mlp(y))``."""
+    """BERT layer, post-LN as the original code's ``BertLayer``: ``y = LN(x + attn(x)); out = LN(y + mlp(y))``."""
 
     def __init__(
             self,
@@ -161,7 +161,8 @@ class SelfAttentionNet(nn.Module):
         self.grad_checkpointing = False
 
         self.patch_embed = nn.Module()
-        # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (spec §2.1); named like timm's PatchEmbed
+        # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (downsample_concatenate,
+        # features_upscale); named like timm's PatchEmbed
         self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         self.blocks = nn.Sequential(*[
@@ -178,7 +179,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
-        # the original recipe exempts only the Gaussian centres and spreads (spec §5)
+        # the original recipe exempts only the Gaussian centres and spreads (train.py, get_optimizer)
         return {'blocks.*.attn.pos.centers', 'blocks.*.attn.pos.spreads'}
 
     @torch.jit.ignore
@@ -325,7 +326,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SelfAttentionNet) ->
     Accepts a bare state dict or their checkpoint dict ``{'epoch', 'test_accuracy', 'model_state_dict'}``. Buffers
     (``R``, ``attention_mask``, ``relative_indices``) are dropped; ``features_upscale`` (a Linear over
     ``(dy, dx, rgb)`` patches) becomes the 2×2 conv. The learned tables are renamed by the axis they act on (the
-    original ``col_embeddings`` scored row offsets in its ``w·r`` path; spec §2.4, §8.3). State dicts already in this
+    original ``col_embeddings`` scored row offsets in its ``w·r`` path). State dicts already in this
     layout pass through unchanged; mismatches are then reported by the strict load with their key names.
     """
     if 'model_state_dict' in state_dict:
@@ -384,7 +385,7 @@ _ORIGINAL_LAYER_KEYS = {
     'attention.self.head_keys_col': 'attn.pos.row_keys',
     'attention.self.head_keys_row': 'attn.pos.col_keys',
 }
-# q·r path: `row_embeddings` pair with the first half of q along rows (spec §2.8)
+# q·r path (the later code's query_positional_score): `row_embeddings` pair with the first half of q along rows
 _ORIGINAL_QUERY_POSITION_KEYS = {
     'attention.self.row_embeddings': 'attn.pos.rows',
     'attention.self.col_embeddings': 'attn.pos.cols',
