@@ -29,6 +29,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from .constants import AMP_DTYPES
 from .data import load_cifar10, normalize
 from .layers import set_attn_path
 
@@ -255,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         torch.set_num_threads(args.threads)
     if args.train:
         names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
-        amp = torch.bfloat16 if args.amp == 'bf16' else None
+        amp = AMP_DTYPES[args.amp]
         print(f'training steps (AdamW), 32 px, {args.amp}, device {args.device}, {torch.get_num_threads()} threads')
         rows = []
         for name in names:
