@@ -1,5 +1,6 @@
 """An independent functional model of the authors' ``BertImage`` (epfml/attention-cnn @ 9ffaa30), written from the
-project specification (sa-cordonnier.md §2.3, §2.4, §2.8, §2.9, §6), for checkpoint-parity tests.
+original code's behaviour (``GaussianSelfAttention``, ``Learned2DRelativeSelfAttention``, the later code's
+``query_positional_score`` mode, the checkpoint layout), for checkpoint-parity tests.
 
 It builds original-layout state dicts and evaluates them the way the original code does: the dense 5-term
 quadratic form ``R · t_h``, full ``(16, 16, heads, 16, 16)`` probability maps and one einsum over all heads.
@@ -65,7 +66,7 @@ def _linear(sd, name, x):
 
 
 def _quadratic_scores(centers, spreads):
-    # R[i,j,k,l] = (k−i, l−j, (k−i)², (l−j)², (k−i)(l−j)), scores = R · t_h   (spec §2.3)
+    # R[i,j,k,l] = (k−i, l−j, (k−i)², (l−j)², (k−i)(l−j)), scores = R · t_h   (GaussianSelfAttention)
     r = torch.arange(GRID, dtype=torch.float32)
     i, j, k, l = torch.meshgrid(r, r, r, r, indexing='ij')
     R = torch.stack([k - i, l - j, (k - i) ** 2, (l - j) ** 2, (k - i) * (l - j)], dim=-1)
@@ -82,7 +83,7 @@ def _quadratic_scores(centers, spreads):
 
 
 def _learned_head_scores(sd, p):
-    # scores[i,j,h,k,l] = sc[(k−i)+15, h] + sr[(l−j)+15, h]   (spec §2.4)
+    # scores[i,j,h,k,l] = sc[(k−i)+15, h] + sr[(l−j)+15, h]   (Learned2DRelativeSelfAttention)
     sc = _linear(sd, p + 'head_keys_col', sd[p + 'col_embeddings.weight'])
     sr = _linear(sd, p + 'head_keys_row', sd[p + 'row_embeddings.weight'])
     idx = torch.arange(GRID)[None, :] - torch.arange(GRID)[:, None] + GRID - 1  # [query, key]

@@ -1,4 +1,4 @@
-"""fvcore counts with exact handles, cross-checked against torch's FlopCounterMode and the spec's figures."""
+"""fvcore counts with exact handles, cross-checked against torch's FlopCounterMode and the original code's figures."""
 import pytest
 import timm
 import torch
@@ -39,7 +39,7 @@ def test_fvcore_matches_flop_counter_mode(name, attn_path):
 def test_quadratic_counts_match_the_original_code():
     report = model_report('sa_quadratic_cifar')
     norms_and_pool = 6 * 2 * 256 * 400 * 5 + 256 * 400  # fvcore: LayerNorm 5 per element, pooling 1
-    # spec §4: Linear layers (stem included) 3,087,978,400 MACs; P·X einsum 256²·9·400 per layer
+    # measured on the original code: Linear layers (stem included) 3,087,978,400 MACs; P·X einsum 256²·9·400 per layer
     assert report['macs_original'] == 3_087_978_400 + 6 * 256 ** 2 * 9 * 400 + norms_and_pool
     # the separable path contracts 16 + 16 keys instead of 256 per query
     assert report['macs'] == 3_087_978_400 + 6 * 256 * 32 * 9 * 400 + norms_and_pool

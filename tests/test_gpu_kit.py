@@ -6,8 +6,8 @@ import subprocess
 
 import torch
 
+from timm_attnconv.runs import read_checkpoint
 from timm_attnconv.stage import _read_run
-from timm_attnconv.train import read_checkpoint
 from timm_attnconv.transfer import main as transfer_main
 
 from .test_data import DATA_DIR, needs_data

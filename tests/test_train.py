@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from timm_attnconv import evaluate as evaluate_cli, train as train_module
+from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
-from timm_attnconv.train import load_training_checkpoint, main as train_main, read_checkpoint
+from timm_attnconv.train import main as train_main
 
 from .test_data import DATA_DIR, needs_data
 

@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from timm_attnconv.runs import read_checkpoint
 from timm_attnconv.stage import _read_run
-from timm_attnconv.train import main as train_main, read_checkpoint
+from timm_attnconv.train import main as train_main
 from timm_attnconv.transfer import export, join, main as transfer_main
 
 from .test_data import needs_data

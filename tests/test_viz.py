@@ -45,7 +45,8 @@ def test_cli_and_refusals(tmp_path):
 
 @needs_data
 def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
-    from timm_attnconv.train import load_training_checkpoint, main as train_main
+    from timm_attnconv.runs import load_training_checkpoint
+    from timm_attnconv.train import main as train_main
     from timm_attnconv.viz import _training_snapshots
     from .test_train import TINY
     run, frozen = tmp_path / 'run', tmp_path / 'frozen'

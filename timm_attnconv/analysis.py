@@ -2,11 +2,13 @@
 
 * :func:`attention_maps` returns every layer's per-head attention probabilities for SA, AA and EA models, read
   through forward hooks on each attention layer's ``logits_tap`` (the point where the logits that are softmaxed
-  pass), for the duration of one call. No global state; the hooks are removed afterwards.
+  pass; :mod:`~timm_attnconv.layers.attention_interface`), for the duration of one call. No global state; the hooks
+  are removed afterwards.
 * :func:`conv_likeness` is the quantitative form of Lemma 1's condition (Cordonnier et al. 2020): for each head, the
   attention mass on its most-attended relative offset, and that offset.
 * :func:`prune_degenerate_heads` is the paper's pruning of quadratic heads whose Gaussian has collapsed (§4.1,
-  spec §2.9), with ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
+  Table 1's pruned model; the original code's ``find_degenerated_heads`` and ``prune_heads``), with
+  ``torch.linalg`` in place of the removed ``torch.eig``; :func:`prune_report` adds the heads,
   params and MACs before and after, and ``python -m timm_attnconv.prune`` runs it on a trained model.
 """
 import math
@@ -15,19 +17,15 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .layers import PositionalSelfAttention, QuadraticScores
+from .layers import PositionalSelfAttention, QuadraticScores, attention_layers, explicit_attention
 
 __all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads',
            'prune_degenerate_heads', 'prune_report']
 
 
-def _logits_taps(model: nn.Module) -> List[Tuple[str, nn.Module]]:
-    return [(name.rpartition('.')[0], m) for name, m in model.named_modules() if name.endswith('logits_tap')]
-
-
 def has_attention(model: nn.Module) -> bool:
     """Whether ``model`` holds attention layers of this package (what :func:`attention_maps` can show)."""
-    return bool(_logits_taps(model))
+    return bool(attention_layers(model))
 
 
 @torch.no_grad()
@@ -35,32 +33,24 @@ def attention_maps(model: nn.Module, x: torch.Tensor) -> Dict[str, torch.Tensor]
     """``{layer name: probabilities (B, heads, N, N)}`` in forward order, for one batch ``x``.
 
     Layers whose fast path never forms the maps (separable SA heads, fused SDPA) run their explicit path for this
-    call (the same function; outputs agree to float rounding). Raises ``ValueError`` for a model with no attention.
+    call (:func:`~timm_attnconv.layers.explicit_attention`; outputs agree to float rounding). Raises ``ValueError``
+    for a model with no attention.
     """
-    taps = _logits_taps(model)
-    if not taps:
+    layers = attention_layers(model)
+    if not layers:
         raise ValueError(f'{type(model).__name__} has no attention layers of this package: nothing to show')
     maps: Dict[str, torch.Tensor] = {}
-    hooks = [tap.register_forward_hook(
-        lambda module, args, out, layer=layer: maps.__setitem__(layer, out.softmax(dim=-1).float().cpu()))
-        for layer, tap in taps]
-    restore = []
-    for module in model.modules():
-        if isinstance(module, PositionalSelfAttention):
-            restore.append((module, 'attn_path', module.attn_path))
-            module.attn_path = 'dense'
-        if hasattr(module, 'fused_attn') and hasattr(module, 'logits_tap'):
-            restore.append((module, 'fused_attn', module.fused_attn))
-            module.fused_attn = False
+    hooks = [layer.logits_tap.register_forward_hook(
+        lambda module, args, out, name=name: maps.__setitem__(name, out.softmax(dim=-1).float().cpu()))
+        for name, layer in layers]
     was_training = model.training
     try:
-        model.eval()(x)
+        with explicit_attention(model):
+            model.eval()(x)
     finally:
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-        for module, attr, value in restore:
-            setattr(module, attr, value)
     batch = x.shape[0]
     return {name: probs.expand(batch, -1, -1, -1) for name, probs in maps.items()}
 
@@ -110,7 +100,7 @@ def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
 
 
 def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e5) -> List[int]:
-    """Heads of a quadratic layer whose Gaussian has degenerated (the paper's criterion, spec §2.9).
+    """Heads of a quadratic layer whose Gaussian has degenerated (the original code's ``find_degenerated_heads``).
 
     Isotropic: ``σ² < min_eig`` (attention spread over the whole image). Generalized: the smallest eigenvalue of
     ``SᵀS`` (the original's ``Σ⁻¹`` for this test) below ``min_eig``, or its condition number above ``max_cond``.

@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 
 from . import cli
+from .constants import AMP_DTYPES
+from .data import load_cifar10, normalize
 from .layers import set_attn_path
 
 __all__ = ['compare_paths', 'main']
@@ -184,15 +186,12 @@ def training_throughput(
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
     """Share of real CIFAR-10 test images whose top-1 class is the same under bf16 autocast as in fp32."""
-    import numpy as np
     import timm
 
-    data = np.load(os.path.join(data_dir, 'test.npz'), allow_pickle=False)
+    images, _ = load_cifar10(data_dir, 'test')
     pretrained = timm.models.is_model_pretrained(name)
     model = timm.create_model(name, pretrained=pretrained).eval().to(device)
-    cfg = model.pretrained_cfg
-    x = torch.from_numpy(data['x'][:num_images]).permute(0, 3, 1, 2).float().div(255)
-    x = ((x - torch.tensor(cfg['mean'])[:, None, None]) / torch.tensor(cfg['std'])[:, None, None]).to(device)
+    x = normalize(images[:num_images], model.pretrained_cfg['mean'], model.pretrained_cfg['std']).to(device)
     with torch.no_grad():
         ref = model(x).argmax(-1)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
@@ -268,7 +267,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         torch.set_num_threads(args.threads)
     if args.train:
         names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
-        amp = torch.bfloat16 if args.amp == 'bf16' else None
+        amp = AMP_DTYPES[args.amp]
         print(f'training steps (AdamW), 32 px, {args.amp}, device {args.device}, {torch.get_num_threads()} threads')
         rows = []
         for name in names:

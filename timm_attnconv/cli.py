@@ -193,7 +193,7 @@ def _is_training_checkpoint(path: Optional[str]) -> bool:
 
 
 def _from_training_checkpoint(args: argparse.Namespace, kwargs: Dict[str, Any]) -> nn.Module:
-    from .train import load_training_checkpoint
+    from .runs import load_training_checkpoint
     if kwargs:
         raise UsageError(f"{', '.join(kwargs)} cannot change the model of a training checkpoint, which records its "
                          f'own settings: drop it, or pass a .safetensors weights file')

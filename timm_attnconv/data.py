@@ -17,10 +17,11 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .constants import CIFAR10_CLASSES
+
 __all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'write_image_folder', 'load_samples',
            'normalize', 'crop_flip_draws', 'crop_flip', 'random_crop_flip', 'EpochBatches']
 
-CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
 SAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'samples')
 

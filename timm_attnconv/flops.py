@@ -159,7 +159,7 @@ def _format_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    import timm_attnconv
+    from .models import list_models  # registers the models
     parser = cli.parser(
         __spec__.name,
         'Params and MACs (fvcore with exact attention handles) of timm_attnconv models. "GMACs" is the path the model '
@@ -169,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('--img-size', type=cli.positive_int, default=None,
                         help='square input size (default: each cfg\'s)')
     args = parser.parse_args(argv)
-    names = args.models or timm_attnconv.list_models()
+    names = args.models or list_models()
     print(_format_table([model_report(n, args.img_size) for n in names]))
 
 

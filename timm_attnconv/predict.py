@@ -17,11 +17,11 @@ import torch
 from tqdm import tqdm
 
 from . import cli
+from .constants import AMP_DTYPES as AMP
 
 __all__ = ['image_files', 'read_image', 'predict', 'main']
 
 IMAGE_SUFFIXES = ('.png', '.jpg', '.jpeg', '.bmp', '.webp', '.gif', '.tif', '.tiff')
-AMP = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 def image_files(paths: Sequence[str]) -> List[str]:

@@ -17,13 +17,13 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .constants import CONFIG_FILE, WEIGHTS_FILE
+
 __all__ = ['HF_ORG', 'WEIGHTS_FILE', 'CONFIG_FILE', 'hub_id', 'bundled_weights_dir', 'recorded_sha256', 'sha256_file',
            'folder_digests', 'record_folder', 'verify_file', 'locate_weights', 'resolve_pretrained_kwargs',
            'SHA256_RECORD']
 
 HF_ORG = 'timm-attnconv'
-WEIGHTS_FILE = 'model.safetensors'
-CONFIG_FILE = 'config.json'
 WEIGHTS_DIR_ENV = 'TIMM_ATTNCONV_WEIGHTS_DIR'
 SHA256_RECORD = Path(__file__).with_name('weights_sha256.json')
 
@@ -130,9 +130,10 @@ def _download(repo_id: str, filename: str) -> str:
 
 
 def _pretrained_names() -> List[str]:
-    import timm
-    from .models import MODEL_MODULES
-    return timm.list_models(module=list(MODEL_MODULES), pretrained=True, include_tags=True)
+    # read from timm's registry, not from .models: the models import this module
+    from timm.models import get_pretrained_cfg, list_pretrained
+    return [name for name in list_pretrained()
+            if (get_pretrained_cfg(name).hf_hub_id or '').startswith(f'{HF_ORG}/')]
 
 
 def resolve_pretrained_kwargs(variant: str, pretrained: bool, kwargs: Dict[str, Any]) -> Dict[str, Any]:

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import cli
-from .pretrained import HF_ORG, WEIGHTS_FILE, folder_digests, hub_id, recorded_sha256
+from .constants import CONFIG_FILE, WEIGHTS_FILE
+from .pretrained import HF_ORG, folder_digests, hub_id, recorded_sha256
 
 __all__ = ['check_folder', 'publish', 'main']
 
-REQUIRED_FILES = ('config.json', WEIGHTS_FILE, 'README.md')
+REQUIRED_FILES = (CONFIG_FILE, WEIGHTS_FILE, 'README.md')
 
 
 def check_folder(folder: Path, repo_id: str) -> Dict[str, Any]:
@@ -33,9 +34,9 @@ def check_folder(folder: Path, repo_id: str) -> Dict[str, Any]:
     if changed:
         raise ValueError(f'{folder}: {", ".join(changed)} differ from the sha256 record (or are missing from it or '
                          f'the folder): re-stage the folder (which updates the record) instead of editing it by hand')
-    architecture = json.loads((folder / 'config.json').read_text())['architecture']
+    architecture = json.loads((folder / CONFIG_FILE).read_text())['architecture']
     if architecture != folder.name.split('.')[0]:
-        raise ValueError(f'{folder}/config.json names architecture {architecture!r}, not the folder\'s')
+        raise ValueError(f'{folder}/{CONFIG_FILE} names architecture {architecture!r}, not the folder\'s')
     timm.create_model(f'local-dir:{folder}', pretrained=True)
     return dict(repo_id=repo_id, folder=str(folder), sha256=actual[WEIGHTS_FILE], files=sorted(actual))
 

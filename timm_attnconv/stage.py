@@ -28,14 +28,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import cli
-from .pretrained import SHA256_RECORD, WEIGHTS_FILE, record_folder, sha256_file
+from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
+from .pretrained import SHA256_RECORD, record_folder, sha256_file
 
 __all__ = ['stage', 'training_command', 'plot_training_curves', 'main']
 
-CHECKPOINT = 'last.pth.tar'
-LOG = 'log.jsonl'
-RUN_CONFIG = 'config.json'
-WEIGHTS_ONLY_FILES = {'model': 'model.safetensors', 'ema': 'ema.safetensors'}
 # a half-precision copy is stored when it changes top-1 by at most this many points and keeps this share of top-1s
 MAX_TOP1_CHANGE = 0.05
 MIN_AGREEMENT = 0.999
@@ -211,7 +208,7 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
     checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
     from safetensors.torch import load_file
-    from .train import read_checkpoint
+    from .runs import read_checkpoint
 
     log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
     ckpt = os.path.join(run_dir, CHECKPOINT)
@@ -221,13 +218,13 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
         steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
         return dict(config=config, model=state.get('model'), ema=state.get('ema'), resumable=True, log=log,
                     epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch))
-    weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_ONLY_FILES.items()
+    weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_FILES.items()
                if os.path.isfile(os.path.join(run_dir, name))}
     config_path = os.path.join(run_dir, RUN_CONFIG)
     if not weights or not os.path.isfile(config_path):
         raise FileNotFoundError(
             f"{run_dir!r} holds no training checkpoint ({CHECKPOINT}) and no weights "
-            f"({' / '.join(WEIGHTS_ONLY_FILES.values())}) beside a run's {RUN_CONFIG}: pass the --output folder of "
+            f"({' / '.join(WEIGHTS_FILES.values())}) beside a run's {RUN_CONFIG}: pass the --output folder of "
             f'a training run')
     if not log:
         raise FileNotFoundError(f'{run_dir!r} has weights but no {LOG}: its log says how many epochs they trained')
@@ -238,13 +235,13 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
         raise ValueError(f"{config_path!r} lacks {', '.join(missing)}: it is not a run config of "
                          f'python -m timm_attnconv.train')
     return dict(config=config, resumable=False, log=log, epochs_done=log[-1]['epoch'],
-                **{key: load_file(weights[key]) if key in weights else None for key in WEIGHTS_ONLY_FILES})
+                **{key: load_file(weights[key]) if key in weights else None for key in WEIGHTS_FILES})
 
 
 def _choose_weights(run: Dict[str, Any], which: str, images, labels) -> tuple:
     """``(logits, key, model)`` of the run's ``'model'`` or ``'ema'`` weights; ``'auto'``: the higher test top-1."""
     from .evaluate import predict_logits, scores
-    from .train import load_weights
+    from .runs import load_weights
     candidates = ['model', 'ema'] if which == 'auto' else [which]
     candidates = [c for c in candidates if run.get(c) is not None]
     if not candidates:

@@ -29,10 +29,8 @@ import hashlib
 import json
 import math
 import os
-import pickle
 import signal
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -41,13 +39,13 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from . import cli
+from .constants import AMP_DTYPES, CHECKPOINT, LOG
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
+from .runs import checkpoint_digest, read_checkpoint
 
-__all__ = ['main', 'read_checkpoint', 'load_training_checkpoint', 'load_weights']
+__all__ = ['main']
 
-CHECKPOINT = 'last.pth.tar'
-LOG = 'log.jsonl'
 LOCK = 'train.lock'
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
 # test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
@@ -174,32 +172,6 @@ def _logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]
         return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
 
 
-def _hash_into(h: Any, obj: Any) -> None:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        h.update(f'tensor {t.dtype} {list(t.shape)};'.encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    elif isinstance(obj, dict):
-        h.update(f'dict {len(obj)};'.encode())
-        for key, value in obj.items():
-            _hash_into(h, key)
-            _hash_into(h, value)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f'{type(obj).__name__} {len(obj)};'.encode())
-        for value in obj:
-            _hash_into(h, value)
-    else:
-        h.update(f'{type(obj).__name__} {obj!r};'.encode())
-
-
-def _digest(state: Dict[str, Any]) -> str:
-    """sha256 of a checkpoint's contents but its ``'sha256'``: tensors by dtype, shape and bytes, other values by type
-    and repr, in order. It hashes what was saved, not torch's file format, so a torch upgrade does not change it."""
-    h = hashlib.sha256()
-    _hash_into(h, {k: v for k, v in state.items() if k != 'sha256'})
-    return h.hexdigest()
-
-
 def _data_digest(images: torch.Tensor, labels: torch.Tensor) -> str:
     h = hashlib.sha256(images.contiguous().numpy())
     h.update(labels.contiguous().numpy())
@@ -232,14 +204,11 @@ def _config(args: argparse.Namespace, data: Dict[str, str], world_size: int) -> 
     return dict({k: getattr(args, k) for k in RESUME_KEYS}, **data, world_size=world_size)
 
 
-def _build(config: Dict[str, Any]) -> nn.Module:
-    return cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
-
-
 def initial_model(config: Dict[str, Any]) -> nn.Module:
     """The model exactly as a run with ``config`` starts: torch's RNG seeded with ``config['seed']``, then built."""
     torch.manual_seed(config['seed'])
-    return _build(config)
+    # the same model as runs.build_model, with a kwarg the model does not take named as the option that passed it
+    return cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
 
 
 def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
@@ -257,51 +226,6 @@ def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
         return init(source)
     model.load_state_dict(source.state_dict())  # strict: a mismatch names the keys
     return model
-
-
-def read_checkpoint(path: str) -> Dict[str, Any]:
-    """A training checkpoint, loaded on the CPU and checked against the sha256 digest it carries (one from before
-    checkpoints carried a digest loads with a warning)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'no training checkpoint at {path!r}')
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
-        raise ValueError(f'cannot read {path!r} as a training checkpoint ({type(e).__name__}: {e}): the file is '
-                         f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e
-    if not isinstance(state, dict) or 'config' not in state:
-        raise ValueError(f'{path!r} is not a training checkpoint of `python -m timm_attnconv.train` (it holds no run '
-                         f'config; a weights file? the tools read those as .safetensors files)')
-    if 'sha256' not in state:
-        warnings.warn(f'{path!r} was written before training checkpoints carried a sha256 digest: its contents are '
-                      f'not verified')
-    elif _digest(state) != state['sha256']:
-        raise ValueError(f'{path!r} does not match the sha256 digest written into it: it was altered or corrupted '
-                         f'after training saved it. Restore it from a copy, or start over with another --output')
-    return state
-
-
-def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
-    """The model of a loaded training checkpoint with its ``'model'`` or ``'ema'`` weights, in eval mode."""
-    if state.get(key) is None:
-        raise ValueError(f'the checkpoint has no {key} weights (was the run started with --model-ema?)')
-    model = _build(state['config'])
-    weights = {k.removeprefix('module.'): v for k, v in state[key].items()}
-    model.load_state_dict(weights)
-    return model.eval()
-
-
-def load_training_checkpoint(path: str, use_ema: bool = False, model_name: Optional[str] = None) -> nn.Module:
-    """The model of a training checkpoint file (its EMA weights with ``use_ema``), in eval mode. ``model_name``: the
-    architecture the caller expects; a checkpoint of another one is refused."""
-    state = read_checkpoint(path)
-    trained = state['config']['model']
-    if model_name is not None and model_name.split('.')[0] != trained.split('.')[0]:
-        raise ValueError(f'{path!r} is a checkpoint of {trained}, not of {model_name}: pass --model {trained}')
-    try:
-        return load_weights(state, 'ema' if use_ema else 'model')
-    except ValueError as e:
-        raise ValueError(f'{path!r}: {e}') from e
 
 
 def _check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) -> None:
@@ -443,7 +367,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
         step_on_epochs=False, updates_per_epoch=steps_per_epoch)
     ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema and rank == 0 else None
     criterion = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
-    amp_dtype = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}[args.amp]
+    amp_dtype = AMP_DTYPES[args.amp]
     grad_scaler = torch.amp.GradScaler(device.type) if args.amp == 'fp16' else None
 
     epoch, step_in_epoch, global_step, log = 0, 0, 0, []
@@ -497,7 +421,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
             scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
             processes=processes, runtime=runtime, log=log)
         _refuse_non_finite(state, when, ckpt_path)
-        state['sha256'] = _digest(state)
+        state['sha256'] = checkpoint_digest(state)
         _atomic_write(ckpt_path, lambda f: torch.save(state, f))
         _write_log(log, log_path)  # after the checkpoint, which holds the log: a kill in between loses no line
 

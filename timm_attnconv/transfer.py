@@ -20,12 +20,13 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import cli
-from .train import CHECKPOINT, LOG, _atomic_write, read_checkpoint
+from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILES
+from .runs import read_checkpoint
+from .train import _atomic_write
 
 __all__ = ['export', 'join', 'main']
 
-WEIGHTS_FILES = {'model': 'model.safetensors', 'ema': 'ema.safetensors'}
-MANIFEST, RUN_CONFIG = 'manifest.json', 'config.json'
+MANIFEST = 'manifest.json'
 MiB = 1 << 20
 PART_BYTES = 15 * MiB
 # what one call of the device tool brings back

@@ -141,7 +141,8 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
 def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) -> Tuple[List[nn.Module], List[str]]:
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
     ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
-    from .train import initial_model, load_weights, read_checkpoint
+    from .runs import load_weights, read_checkpoint
+    from .train import initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')

@@ -1,6 +1,9 @@
 """Attention primitives shared by every family of the package."""
+from .attention_interface import AttentionLayer, attention_layers, explicit_attention
 from .augmented_conv import AAConv2d, aa_dims
 from .evolving import AttentionEvolution, link_chain
-from .position_scores import LearnedScores, QuadraticScores, QueryRelativeScores, combine_axis_logits
+from .position_scores import (
+    POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
+    position_term)
 from .positional_attention import ATTN_PATHS, PositionalSelfAttention, set_attn_path
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_fused_attn
 
+from .attention_interface import AttentionLayer
 from .relative import rel_logits_2d
 
 __all__ = ['AAConv2d', 'aa_dims']
@@ -27,8 +28,8 @@ __all__ = ['AAConv2d', 'aa_dims']
 def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_head_qk: int = 20) -> Tuple[int, int]:
     """``(d_k, d_v)`` = ``(max(N_h·⌊κ·F_out/N_h⌋, N_h·min_dim_head_qk), N_h·⌊υ·F_out/N_h⌋)``.
 
-    The key floor (20 per head) and flooring ``d_v`` to a multiple of the heads are what reproduce the paper's
-    parameter counts (spec §2, per-layer dims). Combinations with no attention channels are refused.
+    The key floor (20 per head, §4.1) and flooring ``d_v`` to a multiple of the heads are what reproduce the paper's
+    parameter counts (Table 3: 20.7M to 61.6M). Combinations with no attention channels are refused.
     """
     if num_heads < 1:
         raise ValueError(f'num_heads must be ≥ 1, got {num_heads}')
@@ -48,7 +49,7 @@ def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_
 
 
 @register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
-class AAConv2d(nn.Module):
+class AAConv2d(AttentionLayer):
     """Attention-augmented ``k×k`` convolution, a drop-in for ``nn.Conv2d(in_chs, out_chs, k, stride)``.
 
     Args:
@@ -65,7 +66,8 @@ class AAConv2d(nn.Module):
         resize_tables: interpolate relative tables for grids larger than ``attn_grid`` (else ``ValueError``).
 
     A stride-2 layer average-pools the attention input (3×3, stride 2, padding 1, padding not counted) so that the
-    attention runs at the output resolution; the paper is silent on strided AA layers (spec §2).
+    attention runs at the output resolution: the paper is silent on strided AA layers, so they reuse the pooling it
+    downsamples attention inputs with (§3.2), as the EA authors' released AA-ResNet does.
     """
 
     def __init__(
@@ -94,14 +96,12 @@ class AAConv2d(nn.Module):
         self.dim_k, self.dim_v = aa_dims(out_chs, num_heads, kappa, upsilon, min_dim_head_qk)
         if self.dim_v > out_chs:
             raise ValueError(f'upsilon={upsilon} asks for {self.dim_v} attention channels of {out_chs}')
+        self.init_attention(num_heads)
         self.in_channels, self.out_channels, self.stride = in_chs, out_chs, stride
-        self.num_heads = num_heads
         self.dim_head_k = self.dim_k // num_heads
         self.scale = self.dim_head_k ** -0.5
         self.num_pools = int(stride == 2) + int(attn_pool)
         self.attn_grid = to_2tuple(attn_grid)
-        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
-        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
         self.resize_tables = resize_tables
         self.fused_attn = use_fused_attn()
 
@@ -128,7 +128,7 @@ class AAConv2d(nn.Module):
             if conv.bias is not None:
                 nn.init.zeros_(conv.bias)
         if self.rel_rows is not None and self.rel_cols is not None:
-            # std d_kh^-½: the appendix passes it as the *mean* of tf.random_normal_initializer, a slip (spec §1.2)
+            # std d_kh^-½: the appendix code passes it as the *mean* of tf.random_normal_initializer, a slip
             trunc_normal_(self.rel_rows, std=self.scale)
             trunc_normal_(self.rel_cols, std=self.scale)
 
@@ -160,7 +160,8 @@ class AAConv2d(nn.Module):
         return logits
 
     def _output(self, x: torch.Tensor, heads: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (spec §6)
+        # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (the appendix's
+        # combine_heads_2d; leaderj1001/Attention-Augmented-Conv2d issues #21, #25)
         attn = self.proj(heads.transpose(-1, -2).reshape(x.shape[0], self.dim_v, grid[0], grid[1]))
         out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
         if attn.shape[-2] != out_h or attn.shape[-1] != out_w:
@@ -188,7 +189,7 @@ class AAConv2d(nn.Module):
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
         # on CPU a float mask sends SDPA to its math kernel, slower than the explicit path (benchmark)
-        if self.fused_attn and q.device.type != 'cpu':
+        if self.fused_attn and not self.form_maps and q.device.type != 'cpu':
             heads = self._heads_fused(q, k, v, grid)
         else:
             heads = self._heads_explicit(q, k, v, grid)

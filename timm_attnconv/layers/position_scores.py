@@ -11,16 +11,17 @@ behind one interface so that the attention core can take any of them:
   ``axis_logits(height, width)`` then gives the two ``(heads, L, L)`` parts, and the softmax factorises over rows and
   columns (see :mod:`timm_attnconv.layers.positional_attention`).
 
-Offsets are ``key - query`` in (row, column) order everywhere, as in the original code (spec §2.3).
+Offsets are ``key - query`` in (row, column) order everywhere, as in the original code's ``GaussianSelfAttention``.
 """
-from typing import Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from .relative import gather_relative, relative_offsets, rel_logits_2d
 
-__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits']
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits', 'PositionTerm',
+           'POSITION_TERMS', 'position_term']
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -33,7 +34,8 @@ class QuadraticScores(nn.Module):
 
     Isotropic heads use ``Σ_h⁻¹ = σ_h² I`` (``spreads`` of shape ``(heads,)``, paper ``α_h = σ_h² / 2``);
     generalized heads use ``Σ_h⁻¹ = S_h S_hᵀ`` (``spreads`` of shape ``(heads, 2, 2)``), the product the original
-    forward pass uses (its pruning code used ``SᵀS``; spec §8.4). Scores are not scaled by ``1/√d``.
+    forward pass uses (its pruning code, ``find_degenerated_heads``, used ``SᵀS``). Scores are not scaled by
+    ``1/√d``.
 
     The constant ``½ μᵀ Σ⁻¹ μ`` that the original 5-term form drops is kept here; it cancels in the softmax.
     """
@@ -60,7 +62,8 @@ class QuadraticScores(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        # the original initialisation (spec §2.3): μ ~ N(0, 2), S ~ I + N(0, 0.01)
+        # the original code's initialisation (gaussian_init_mu_std 2, gaussian_init_sigma_std 0.01):
+        # μ ~ N(0, 2), S ~ I + N(0, 0.01)
         nn.init.normal_(self.centers, std=self.init_center_std)
         nn.init.normal_(self.spreads, std=self.init_spread_std)
         with torch.no_grad():
@@ -119,7 +122,7 @@ class LearnedScores(nn.Module):
     (``M`` = grid side they were made for) and per-head keys ``Linear(dim → heads, bias=False)``. The score is a sum of
     a row term and a column term, so it is ``separable``.
 
-    The original code named the tables the other way round (its ``col_embeddings`` scored row offsets; spec §8.3);
+    The original code named the tables the other way round (its ``col_embeddings`` scored row offsets);
     ``checkpoint_filter_fn`` of the model maps them.
     """
 
@@ -158,8 +161,9 @@ class LearnedScores(nn.Module):
 class QueryRelativeScores(nn.Module):
     """Query-dependent relative scores ``q · r`` (Ramachandran et al. 2019), as in the paper's content model.
 
-    The first half of each head's query scores row offsets, the second half column offsets (spec §2.8); both
-    tables are shared by all heads. Returns unscaled logits; the attention core scales them with the content term.
+    The first half of each head's query scores row offsets, the second half column offsets, as in the authors' later
+    code (``query_positional_score``); both tables are shared by all heads. Returns unscaled logits; the attention
+    core scales them with the content term.
     """
 
     separable = False
@@ -182,3 +186,37 @@ class QueryRelativeScores(nn.Module):
         rows, cols = rel_logits_2d(
             q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)
         return rows[..., :, None] + cols[..., None, :]
+
+
+class PositionTerm(NamedTuple):
+    """A position term of the attention logits, as :class:`PositionalSelfAttention` builds it."""
+    # build(dim, num_heads, max_grid, resize, device=..., dtype=...) -> a module of the interface above
+    build: Callable[..., nn.Module]
+    # scores offsets with the queries (q·r), which only a layer with the content term computes
+    scores_queries: bool = False
+    # the term that scores the same offsets with the queries: what a content model with q·r scores uses instead
+    query_variant: Optional[str] = None
+
+
+# One entry per term; PositionalSelfAttention and the SA models accept its name (add the module above, then here).
+POSITION_TERMS: Dict[str, PositionTerm] = {
+    # Cordonnier et al. 2020, eq. 9 and §4.1: a Gaussian per head, isotropic or with a full inverse covariance
+    'quadratic': PositionTerm(lambda dim, heads, grid, resize, **dd: QuadraticScores(heads, isotropic=True, **dd)),
+    'quadratic_gen': PositionTerm(lambda dim, heads, grid, resize, **dd: QuadraticScores(heads, isotropic=False, **dd)),
+    # §4.2: learned relative embeddings scored by a learned key per head (w·r)
+    'learned': PositionTerm(lambda dim, heads, grid, resize, **dd: LearnedScores(dim, heads, grid, resize, **dd),
+                            query_variant='query_relative'),
+    # the same embeddings scored by the queries (q·r, Ramachandran et al. 2019): the paper's content model
+    'query_relative': PositionTerm(lambda dim, heads, grid, resize, **dd: QueryRelativeScores(dim, grid, resize, **dd),
+                                   scores_queries=True),
+}
+
+
+def position_term(name: str, content: bool, arg: str = 'position') -> PositionTerm:
+    """The registered term ``name`` for a layer with (``content``) or without the content term; a ``ValueError``
+    that names the argument ``arg`` for an unknown name or a term that needs the content term's queries."""
+    if name not in POSITION_TERMS:
+        raise ValueError(f'{arg} must be one of {tuple(POSITION_TERMS)}, got {name!r}')
+    if POSITION_TERMS[name].scores_queries and not content:
+        raise ValueError(f'{arg}={name!r} scores queries, so it needs content=True')
+    return POSITION_TERMS[name]

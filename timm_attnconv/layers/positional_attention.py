@@ -1,7 +1,7 @@
 """The self-attention layer of Cordonnier et al. (ICLR 2020) with pluggable position terms and exact fast paths.
 
 Per head ``h`` and query pixel ``q`` the layer averages the *full-width* input (paper eq. 4 with ``W_val`` merged
-into the output projection, spec §2.5)::
+into the output projection, as the original code's per-head ``value`` Linear after attention does)::
 
     A_h = softmax_k( s_h(k - q) [+ q_hᵀ k_h / √D] )          # position term, optional content term
     y   = proj( proj_heads( concat_h  A_h X ) )              # proj_heads: Linear(heads·D → D), proj: Linear(D → D)
@@ -19,35 +19,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_module, use_fused_attn
 
-from .position_scores import LearnedScores, QuadraticScores, QueryRelativeScores
+from .attention_interface import AttentionLayer
+from .position_scores import position_term
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'set_attn_path']
 
 ATTN_PATHS = ('auto', 'dense', 'separable')
 
 
-def _position_module(position: str, dim: int, num_heads: int, max_grid: int, resize_tables: bool, dd: dict):
-    if position == 'quadratic':
-        return QuadraticScores(num_heads, isotropic=True, **dd)
-    if position == 'quadratic_gen':
-        return QuadraticScores(num_heads, isotropic=False, **dd)
-    if position == 'learned':
-        return LearnedScores(dim, num_heads, max_grid=max_grid, resize=resize_tables, **dd)
-    if position == 'query_relative':
-        return QueryRelativeScores(dim, max_grid=max_grid, resize=resize_tables, **dd)
-    raise ValueError(
-        f"unknown position term {position!r}: use 'quadratic', 'quadratic_gen', 'learned' or 'query_relative'")
-
-
 @register_notrace_module  # grid-size-dependent control flow: a leaf for FX feature extraction
-class PositionalSelfAttention(nn.Module):
+class PositionalSelfAttention(AttentionLayer):
     """Multi-head self-attention on an NHWC token grid with full-width heads (Cordonnier et al. 2020, §2 and §4).
 
     Args:
         dim: token width ``D``; every head attends over all ``D`` channels (per-head width is ``D``, not ``D/heads``).
         num_heads: number of heads.
-        position: ``'quadratic'`` (isotropic), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``), ``'learned'`` (``w·r``) or
-            ``'query_relative'`` (``q·r``, needs ``content``).
+        position: a name of :data:`~timm_attnconv.layers.POSITION_TERMS`: ``'quadratic'`` (isotropic),
+            ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``), ``'learned'`` (``w·r``) or ``'query_relative'`` (``q·r``, needs
+            ``content``).
         content: add the content term ``q·k/√D`` with ``q, k = Linear(D → heads·D)``.
         max_grid: grid side the learned relative tables cover (``2·max_grid − 1`` offsets).
         resize_tables: interpolate learned tables for larger grids; if false such inputs raise ``ValueError``.
@@ -80,16 +69,15 @@ class PositionalSelfAttention(nn.Module):
         out_dim = out_dim or dim
         if attn_path not in ATTN_PATHS:
             raise ValueError(f'attn_path must be one of {ATTN_PATHS}, got {attn_path!r}')
-        if position == 'query_relative' and not content:
-            raise ValueError("position='query_relative' scores queries, so it needs content=True")
+        term = position_term(position, content)
         if num_heads < 1:
             raise ValueError(f'num_heads must be at least 1, got {num_heads}')
+        self.init_attention(num_heads)
         self.dim = dim
-        self.num_heads = num_heads
         self.content = content
-        self.query_position = position == 'query_relative'
+        self.query_position = term.scores_queries
         self.scale = dim ** -0.5
-        self.pos = _position_module(position, dim, num_heads, max_grid, resize_tables, dd)
+        self.pos = term.build(dim, num_heads, max_grid, resize_tables, **dd)
         self.separable = (not content) and self.pos.separable
         if attn_path == 'separable' and not self.separable:
             raise ValueError(
@@ -106,11 +94,9 @@ class PositionalSelfAttention(nn.Module):
         self.proj_heads = nn.Linear(num_heads * dim, out_dim, **dd)
         self.proj = nn.Linear(out_dim, out_dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
-        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
-        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
 
     def _use_separable(self) -> bool:
-        if not self.separable or self.attn_path == 'dense':
+        if not self.separable or self.attn_path == 'dense' or self.form_maps:
             return False
         # dropout on a factorised map would not be dropout on the map: keep the original maths while it is active
         return not (self.training and self.attn_drop.p > 0)
@@ -174,7 +160,7 @@ class PositionalSelfAttention(nn.Module):
             q, k = self._content_qk(tokens)
             bias = self._position_bias(q, height, width).to(q.dtype)
             values = tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
-            fused = self.fused_attn
+            fused = self.fused_attn and not self.form_maps
             if not torch.jit.is_scripting():
                 # ONNX export decomposes SDPA with these expanded values into a graph that views a non-viewable tensor
                 fused = fused and not torch.onnx.is_in_onnx_export()

@@ -59,7 +59,7 @@ def rel_logits_2d(
     """Query-dependent 2-D relative logits, the one implementation of ``q · r``.
 
     ``logit[b, h, i, j, k, l] = q_rows[b, h, i, j] · r_rows[k - i] + q_cols[b, h, i, j] · r_cols[l - j]``
-    (Bello et al. 2019, eq. 3; Ramachandran et al. 2019; the q·r form of Cordonnier et al. 2020, §2.8 of the spec).
+    (Bello et al. 2019, eq. 3; Ramachandran et al. 2019; the q·r scores of the authors' later attention-cnn code).
     The two terms are returned separately, ``(B, h, H, W, H)`` and ``(B, h, H, W, W)``, so that callers can
     broadcast-add them (``rows[..., :, None] + cols[..., None, :]``) only where a dense map is needed.
 

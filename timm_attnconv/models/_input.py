@@ -5,7 +5,7 @@ from timm.layers import register_notrace_function
 __all__ = ['check_image_batch']
 
 
-@register_notrace_function
+@register_notrace_function  # a leaf for timm's feature-extraction tracer (where the root model's module calls it)
 def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1) -> None:
     """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with
     ``H``, ``W`` positive multiples of ``multiple`` (the patch size of token models)."""
@@ -22,3 +22,8 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1) -> None
     height, width = x.shape[-2], x.shape[-1]
     if x.shape[0] < 1 or height < multiple or width < multiple or height % multiple or width % multiple:
         raise ValueError(f'expected {expected}; got a batch of {x.shape[0]} images of {height}×{width}')
+
+
+# a leaf for every torch.fx tracer, whichever module holds the root: the wrapped name is this module's global, so
+# the families call it as ``_input.check_image_batch``
+torch.fx.wrap('check_image_batch')

@@ -1,9 +1,10 @@
 """Attention-augmented ResNets (Bello et al., "Attention Augmented Convolutional Networks", ICCV 2019).
 
 timm's ``ResNet`` with the 3×3 convolution of every block in stages 2–4 replaced by an :class:`AAConv2d`: the
-Bottleneck ``conv2`` (ResNet-50/101/152) or the BasicBlock's first 3×3 ``conv1`` (ResNet-34, spec §2). Module names
-(``conv1``, ``layer1``…``layer4``, ``fc``), ``feature_info``, ``features_only`` and ``forward_intermediates`` are
-timm's own. The attention of the first augmented stage (28² at 224) is pooled to 14² and upsampled (spec §2).
+Bottleneck ``conv2`` (ResNet-50/101/152) or the BasicBlock's first 3×3 ``conv1`` (ResNet-34, the placement that
+gives Table 3's 20.7M). Module names (``conv1``, ``layer1``…``layer4``, ``fc``), ``feature_info``, ``features_only``
+and ``forward_intermediates`` are timm's own. The attention of the first augmented stage (28² at 224) is pooled to 14²
+and upsampled (§4.2: attention inputs are downsampled in the first augmented stage only).
 """
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
@@ -12,19 +13,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import SelectAdaptivePool2d, to_2tuple
-from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
+from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from ..data import CIFAR10_CLASSES
+from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, CIFAR100_MEAN, CIFAR100_STD
 from ..layers import AAConv2d
-from ..pretrained import hub_id, resolve_pretrained_kwargs
-from ._input import check_image_batch
-from ._registry import register_model
+from ..pretrained import hub_id
+from . import _input
+from ._intermediates import forward_intermediates
+from ._registry import build_family_model, register_model
 
 __all__ = ['AAResNet', 'CifarResNet']
-
-torch.fx.wrap('check_image_batch')  # a leaf for FX: timm's notrace list reaches only the root module's globals
 
 
 def _halve(size: int, times: int) -> int:
@@ -41,7 +41,7 @@ class AAResNet(ResNet):
         block, layers, **kwargs: as timm's ``ResNet``.
         aa_stages: stages (2–4) whose blocks get attention.
         num_heads, kappa, upsilon, min_dim_head_qk, rel_pos: of every :class:`AAConv2d`.
-        qkv_bias, proj_bias: off by default, the reading that reproduces the paper's parameter counts (spec §8.1);
+        qkv_bias, proj_bias: off by default, the reading that reproduces the paper's parameter counts (Table 3);
             on is the appendix code's TF default (+5k parameters on AA-ResNet-50). Only the query bias changes the
             function: the key bias cancels in the softmax and the value / projection biases in the following BN.
         pool_first_aa_stage: pool the attention of the first augmented stage (28² → 14² at 224).
@@ -88,7 +88,7 @@ class AAResNet(ResNet):
         return _relative_tables(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
+        _input.check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
         return self.forward_head(self.forward_features(x))
 
 
@@ -102,7 +102,7 @@ class CifarBlock(nn.Module):
 
     ``preact=False``: post-activation, as ResNet-20 (He et al. 2016); ``preact=True``: BN-ReLU before each conv, as
     WRN-28-10 (Zagoruyko & Komodakis 2016), whose parameter-free shortcut reproduces the AA paper's 36.3M baseline
-    (spec §8.1). The first convolution (which carries the stride) is the one augmented, as in the paper's WRN.
+    (Table 1). The first convolution (which carries the stride) is the one augmented, as in the paper's WRN (§4.1).
     """
 
     def __init__(self, in_chs: int, out_chs: int, stride: int, preact: bool,
@@ -242,19 +242,9 @@ class CifarResNet(nn.Module):
             intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """Stage outputs (NCHW) at ``indices`` (timm semantics) and, unless ``intermediates_only``, the features."""
-        if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.stages), indices)
-        intermediates = []
-        x = self.act1(self.bn1(self.conv1(x)))
-        stages = self.stages if not stop_early else self.stages[:max_index + 1]
-        for index, stage in enumerate(stages):
-            x = checkpoint_seq(stage, x) if self.grad_checkpointing and not torch.jit.is_scripting() else stage(x)
-            if index in take_indices:
-                intermediates.append(x)
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
+        return forward_intermediates(
+            self.stages, self.act1(self.bn1(self.conv1(x))), indices, stop_early, output_fmt, intermediates_only,
+            checkpointing=self.grad_checkpointing, features=self.norm)
 
     def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
                                   prune_head: bool = True) -> List[int]:
@@ -267,7 +257,7 @@ class CifarResNet(nn.Module):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.in_chans)
+        _input.check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         x = checkpoint_seq(self.stages, x) if self.grad_checkpointing and not torch.jit.is_scripting() \
             else self.stages(x)
@@ -284,7 +274,7 @@ class CifarResNet(nn.Module):
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Any], model: AAResNet) -> Dict[str, Any]:
-    """Unwrap timm training checkpoints; no original checkpoints exist (the authors released none, spec §7)."""
+    """Unwrap timm training checkpoints; no original checkpoints exist (the authors released none)."""
     for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
         if key in state_dict and isinstance(state_dict[key], dict):
             state_dict = state_dict[key]
@@ -293,17 +283,13 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: AAResNet) -> Dict[st
 
 
 def _create_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> AAResNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    return build_model_with_cfg(AAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
+    return build_family_model(AAResNet, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
 def _create_cifar_resnet(variant: str, pretrained: bool = False, model_cls: type = CifarResNet,
                          **kwargs) -> CifarResNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    feature_cfg = dict(out_indices=kwargs.pop('out_indices', (0, 1, 2)), feature_cls='getter')
-    feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
-    return build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                feature_cfg=feature_cfg, **kwargs)
+    return build_family_model(model_cls, variant, pretrained, checkpoint_filter_fn,
+                              feature_defaults=dict(out_indices=(0, 1, 2), feature_cls='getter'), **kwargs)
 
 
 def _cfg(paper: str, **kwargs) -> Dict[str, Any]:
@@ -318,9 +304,9 @@ def _cfg(paper: str, **kwargs) -> Dict[str, Any]:
 
 def _cifar_cfg(paper: str, num_classes: int = 10, **kwargs) -> Dict[str, Any]:
     if num_classes == 10:
-        kwargs.update(mean=(0.4914, 0.4822, 0.4465), std=(0.2023, 0.1994, 0.2010), label_names=CIFAR10_CLASSES)
+        kwargs.update(mean=CIFAR10_MEAN, std=CIFAR10_STD, label_names=CIFAR10_CLASSES)
     else:
-        kwargs.update(mean=(0.5071, 0.4865, 0.4409), std=(0.2673, 0.2564, 0.2762))
+        kwargs.update(mean=CIFAR100_MEAN, std=CIFAR100_STD)
     return _cfg(paper, num_classes=num_classes, input_size=(3, 32, 32), pool_size=(8, 8), crop_pct=1.0, **kwargs)
 
 
@@ -331,7 +317,7 @@ default_cfgs = generate_default_cfgs({
     'aa_resnet152': _cfg('paper Table 3: 79.1% ImageNet top-1, 94.6% top-5, 23.8 GFLOPs (2×MACs), 61.6M params'),
     'aa_resnet50_fa': _cfg('paper Table 6 (fully attentional, kappa=upsilon=1): 19.4M params, 6.3 GFLOPs'),
     'aa_wide_resnet28_10_cifar': _cifar_cfg(
-        'paper Table 1: 81.6% CIFAR-100 top-1, 36.2M params, 10.9 GFLOPs; this layout gives 36.05M (spec §8.1)',
+        'paper Table 1: 81.6% CIFAR-100 top-1, 36.2M params, 10.9 GFLOPs; this layout gives 36.05M',
         num_classes=100),
     'aa_resnet20_cifar': _cifar_cfg('not in the paper: compact CIFAR-10 twin for CPU training'),
     'attnconv_resnet20_cifar.c10_2ep': _cifar_cfg(
@@ -385,8 +371,8 @@ RESNET20 = dict(depths=(3, 3, 3), widths=(16, 32, 64), stem_width=16)
 def aa_wide_resnet28_10_cifar(pretrained: bool = False, **kwargs) -> CifarResNet:
     """AA-WRN-28-10 for CIFAR-100: pre-activation, parameter-free shortcuts, AA on the first conv of every block,
     κ = 0.2, υ = 0.1, 8 heads, ≥ 20 key dims per head (Bello et al., §4.1). The 32² stage's attention is pooled to
-    16² (``pool_first_aa_stage``), as in the ImageNet models; this gives the spec's 36,053,716 parameters (unpooled:
-    36,058,836), 0.15M short of the paper's 36.2M, a gap no reading found explains (spec §8.1)."""
+    16² (``pool_first_aa_stage``), as in the ImageNet models; this gives 36,053,716 parameters (unpooled:
+    36,058,836), 0.15M short of the paper's 36.2M (Table 1), a gap no reading of the paper found explains."""
     model_args = dict(depths=(4, 4, 4), widths=(160, 320, 640), stem_width=16, preact=True, aa_stages=(1, 2, 3),
                       num_heads=8, kappa=0.2, upsilon=0.1, min_dim_head_qk=20, pool_first_aa_stage=True)
     return _create_cifar_resnet('aa_wide_resnet28_10_cifar', pretrained, **dict(model_args, **kwargs))

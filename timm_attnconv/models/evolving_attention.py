@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models import generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -19,9 +19,8 @@ from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoin
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import AAConv2d, link_chain
-from ..pretrained import resolve_pretrained_kwargs
 from ._input import check_image_batch
-from ._registry import register_model
+from ._registry import build_family_model, register_model
 from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
 from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa
 from .sa_cordonnier import _cfg as _sa_cfg
@@ -302,15 +301,12 @@ class EAVisionTransformer(VisionTransformer):
 
 
 def _create_ea_vit(variant: str, pretrained: bool = False, **kwargs) -> EAVisionTransformer:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    return build_model_with_cfg(
-        EAVisionTransformer, variant, pretrained, pretrained_filter_fn=vit_checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=kwargs.pop('out_indices', 3), feature_cls='getter'), **kwargs)
+    return build_family_model(EAVisionTransformer, variant, pretrained, vit_checkpoint_filter_fn,
+                              feature_defaults=dict(out_indices=3, feature_cls='getter'), **kwargs)
 
 
 def _create_ea_aa_resnet(variant: str, pretrained: bool = False, **kwargs) -> EAAAResNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    return build_model_with_cfg(EAAAResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn, **kwargs)
+    return build_family_model(EAAAResNet, variant, pretrained, checkpoint_filter_fn, **kwargs)
 
 
 def _ea_cfg(note: str) -> Dict[str, Any]:

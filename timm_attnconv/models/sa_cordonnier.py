@@ -2,8 +2,8 @@
 
 Paper: Jean-Baptiste Cordonnier, Andreas Loukas, Martin Jaggi, ICLR 2020, https://arxiv.org/abs/1911.03584
 Original code: https://github.com/epfml/attention-cnn (no weights published). This is a re-implementation from the
-paper and the design notes of this project (``docs/sa-cordonnier.md`` in the shared specification); no code of the
-original is used.
+paper and the original code's behaviour (``BertImage``, ``models/transformer.py`` and ``models/bert.py``); no code of
+the original is used.
 
 Architecture (paper §5, Table 1): 2×2 space-to-depth of the image (a 2×2/2 conv), six post-LN BERT layers whose
 attention heads each average the full-width tokens (per-head width D, not D/heads), a per-head value map fused after
@@ -28,25 +28,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp, SelectAdaptivePool2d
-from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs
+from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 
-from ..data import CIFAR10_CLASSES
-from ..layers import LearnedScores, PositionalSelfAttention
-from ..pretrained import hub_id, resolve_pretrained_kwargs
-from ._input import check_image_batch
-from ._registry import register_model
+from ..constants import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from ..layers import LearnedScores, PositionalSelfAttention, position_term
+from ..pretrained import hub_id
+from . import _input
+from ._intermediates import forward_intermediates
+from ._registry import build_family_model, register_model
 
 __all__ = ['SelfAttentionNet']
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)  # the original training code's values (spec §5), not the exact pixel std
-POS_ENCODINGS = ('quadratic', 'quadratic_gen', 'learned')
 REL_POS_SCORES = ('query', 'head')
 
 
 class PostNormBlock(nn.Module):
-    """BERT layer, post-LN (spec §2.2): ``y = LN(x + attn(x)); out = LN(y + mlp(y))``."""
+    """BERT layer, post-LN as the original code's ``BertLayer``: ``y = LN(x + attn(x)); out = LN(y + mlp(y))``."""
 
     def __init__(
             self,
@@ -103,7 +101,8 @@ class SelfAttentionNet(nn.Module):
         num_heads: heads per layer (paper 9), or one count per layer (pruned models).
         mlp_dim: hidden width of the MLP (paper 512, absolute, not a ratio).
         patch_size: side of the space-to-depth block (paper 2).
-        pos_encoding: ``'quadratic'`` (isotropic, paper §4.1), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``) or ``'learned'``.
+        pos_encoding: a name of :data:`~timm_attnconv.layers.POSITION_TERMS`: ``'quadratic'`` (isotropic, paper
+            §4.1), ``'quadratic_gen'`` (``Σ⁻¹ = S Sᵀ``) or ``'learned'`` (§4.2).
         content: add content attention ``q·k/√D`` (learned encoding only in the paper).
         rel_pos_score: with ``content``, ``'query'`` scores offsets by ``q·r`` (the paper's 29.5M model, default) or
             ``'head'`` by a learned per-head key ``w·r`` (the authors' first public code, 29.6M).
@@ -143,8 +142,7 @@ class SelfAttentionNet(nn.Module):
     ):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
-        if pos_encoding not in POS_ENCODINGS:
-            raise ValueError(f'pos_encoding must be one of {POS_ENCODINGS}, got {pos_encoding!r}')
+        term = position_term(pos_encoding, content, 'pos_encoding')
         if rel_pos_score not in REL_POS_SCORES:
             raise ValueError(f'rel_pos_score must be one of {REL_POS_SCORES}, got {rel_pos_score!r}')
         if global_pool not in ('avg', ''):
@@ -152,9 +150,8 @@ class SelfAttentionNet(nn.Module):
         heads = (num_heads,) * depth if isinstance(num_heads, int) else tuple(num_heads)
         if len(heads) != depth:
             raise ValueError(f'num_heads has {len(heads)} entries for depth={depth}: give one count per layer')
-        position = pos_encoding
-        if content and pos_encoding == 'learned' and rel_pos_score == 'query':
-            position = 'query_relative'
+        query_scored = content and rel_pos_score == 'query' and term.query_variant is not None
+        position = term.query_variant if query_scored else pos_encoding
 
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -164,7 +161,8 @@ class SelfAttentionNet(nn.Module):
         self.grad_checkpointing = False
 
         self.patch_embed = nn.Module()
-        # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (spec §2.1); named like timm's PatchEmbed
+        # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (downsample_concatenate,
+        # features_upscale); named like timm's PatchEmbed
         self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
         dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
         self.blocks = nn.Sequential(*[
@@ -181,7 +179,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
-        # the original recipe exempts only the Gaussian centres and spreads (spec §5)
+        # the original recipe exempts only the Gaussian centres and spreads (train.py, get_optimizer)
         return {'blocks.*.attn.pos.centers', 'blocks.*.attn.pos.spreads'}
 
     @torch.jit.ignore
@@ -205,7 +203,7 @@ class SelfAttentionNet(nn.Module):
             if num_classes > 0 else nn.Identity()
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.in_chans, self.patch_size)
+        _input.check_image_batch(x, self.in_chans, self.patch_size)
         return self.patch_embed.proj(x).permute(0, 2, 3, 1)  # NHWC tokens
 
     def forward_intermediates(
@@ -219,25 +217,9 @@ class SelfAttentionNet(nn.Module):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """Features after each selected layer (``NCHW`` or ``NHWC``) and, unless ``intermediates_only``, the output of
         ``forward_features``. ``norm`` is accepted for timm compatibility; post-LN layers already end in a norm."""
-        if output_fmt not in ('NCHW', 'NHWC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        intermediates = []
-        x = self._embed(x)
-        if torch.jit.is_scripting() or not stop_early:
-            blocks = self.blocks
-        else:
-            blocks = self.blocks[:max_index + 1]
-        for i, blk in enumerate(blocks):
-            if self.grad_checkpointing and not torch.jit.is_scripting():
-                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
-            if i in take_indices:
-                intermediates.append(x.permute(0, 3, 1, 2) if output_fmt == 'NCHW' else x)
-        if intermediates_only:
-            return intermediates
-        return x.permute(0, 3, 1, 2), intermediates
+        return forward_intermediates(
+            self.blocks, self._embed(x), indices, stop_early, output_fmt, intermediates_only, layout='NHWC',
+            checkpointing=self.grad_checkpointing, features=lambda tokens: tokens.permute(0, 3, 1, 2))
 
     def prune_intermediate_layers(
             self,
@@ -344,7 +326,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SelfAttentionNet) ->
     Accepts a bare state dict or their checkpoint dict ``{'epoch', 'test_accuracy', 'model_state_dict'}``. Buffers
     (``R``, ``attention_mask``, ``relative_indices``) are dropped; ``features_upscale`` (a Linear over
     ``(dy, dx, rgb)`` patches) becomes the 2×2 conv. The learned tables are renamed by the axis they act on (the
-    original ``col_embeddings`` scored row offsets in its ``w·r`` path; spec §2.4, §8.3). State dicts already in this
+    original ``col_embeddings`` scored row offsets in its ``w·r`` path). State dicts already in this
     layout pass through unchanged; mismatches are then reported by the strict load with their key names.
     """
     if 'model_state_dict' in state_dict:
@@ -403,7 +385,7 @@ _ORIGINAL_LAYER_KEYS = {
     'attention.self.head_keys_col': 'attn.pos.row_keys',
     'attention.self.head_keys_row': 'attn.pos.col_keys',
 }
-# q·r path: `row_embeddings` pair with the first half of q along rows (spec §2.8)
+# q·r path (the later code's query_positional_score): `row_embeddings` pair with the first half of q along rows
 _ORIGINAL_QUERY_POSITION_KEYS = {
     'attention.self.row_embeddings': 'attn.pos.rows',
     'attention.self.col_embeddings': 'attn.pos.cols',
@@ -423,17 +405,8 @@ def _original_layer_key(name: str, query_position: bool) -> str:
 
 def _create_sa(variant: str, pretrained: bool = False, model_cls: type = SelfAttentionNet,
                **kwargs) -> SelfAttentionNet:
-    kwargs = resolve_pretrained_kwargs(variant, pretrained, kwargs)
-    feature_cfg = dict(out_indices=kwargs.pop('out_indices', kwargs.get('depth', 6)), feature_cls='getter')
-    feature_cfg.update(kwargs.pop('feature_cfg', None) or {})
-    return build_model_with_cfg(
-        model_cls,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=feature_cfg,
-        **kwargs,
-    )
+    return build_family_model(model_cls, variant, pretrained, checkpoint_filter_fn,
+                              feature_defaults=dict(out_indices=kwargs.get('depth', 6), feature_cls='getter'), **kwargs)
 
 
 # Compact twins for CPU training: the paper's 6 layers × 9 heads (so its head figures stay comparable) at width 64,

@@ -11,7 +11,7 @@ import sys
 from safetensors.torch import save_file
 
 from timm_attnconv.analysis import prune_degenerate_heads
-from timm_attnconv.train import load_training_checkpoint
+from timm_attnconv.runs import load_training_checkpoint
 
 checkpoint, out = sys.argv[1:]
 model = load_training_checkpoint(checkpoint, use_ema=True)
