@@ -147,7 +147,7 @@ def _tools():
 def inputs(tmp_path_factory):
     """A folder of bad inputs: a corrupt checkpoint and weights file, weights without the config.json that names
     their architecture, and a training checkpoint of sa_quadratic_tiny_cifar in ``run/``."""
-    from timm_attnconv.train import _digest
+    from timm_attnconv.runs import checkpoint_digest
     folder = tmp_path_factory.mktemp('inputs')
     (folder / 'garbage.pth.tar').write_bytes(b'not a checkpoint' * 64)
     (folder / 'garbage.safetensors').write_bytes(b'not a weights file' * 64)
@@ -156,7 +156,7 @@ def inputs(tmp_path_factory):
     model = timm.create_model('sa_quadratic_tiny_cifar', num_classes=10)
     state = dict(config=dict(model='sa_quadratic_tiny_cifar', model_kwargs={}), epoch=1, step_in_epoch=0,
                  model=model.state_dict(), ema=None)
-    state['sha256'] = _digest(state)
+    state['sha256'] = checkpoint_digest(state)
     torch.save(state, folder / 'run' / 'last.pth.tar')
     return folder
 
