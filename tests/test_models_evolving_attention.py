@@ -1,4 +1,6 @@
 """EA-AA-ResNets: released-code parameter counts, the chain through the model, and equivalence to the base model."""
+import zlib
+
 import pytest
 import timm
 import torch
@@ -138,3 +140,39 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
         final, inter = ea.forward_intermediates(x, indices=[0, 2])
         assert [t.shape for t in inter] == [(1, 192, 14, 14)] * 2
         torch.testing.assert_close(ea.forward_head(final), ea(x))
+
+
+# eval logits (3 classes, batch 2) on the weights of _seeded_state, recorded at commit 17b4fdd, whose EA models ran
+# their own copies of timm's Bottleneck and ViT Block forwards: any later construction of them must give the same
+REFERENCE_LOGITS = [
+    ('ea_aa_resnet50', dict(layers=(1, 2, 2, 2)), 64,
+     [[-22.96192, 34.61473, -47.21085], [-20.67424, 36.89874, -45.31371]]),
+    ('ea_aa_resnet50', dict(layers=(1, 2, 2, 2), aa_stages=(3, 4)), 64,
+     [[-19.69171, 39.22279, -40.33131], [-19.85934, 38.26518, -38.60604]]),
+    ('ea_aa_resnet20_cifar', dict(depths=(1, 2, 2)), 32,
+     [[0.3201031, 0.4122942, -0.6197783], [0.3195645, 0.4226675, -0.6090268]]),
+    ('ea_deit_tiny_patch16_224', dict(depth=3, img_size=64), 64,
+     [[-1.277141, -0.5891056, 1.400911], [-1.261765, -0.5516307, 1.161041]]),
+    ('ea_sa_learned_content_cifar', dict(embed_dim=32, mlp_dim=48, depth=3), 32,
+     [[0.2162621, 0.1617506, -0.1161231], [0.2146587, 0.1624294, -0.1142329]]),
+]
+
+
+def _seeded_state(model):
+    """Weights that depend on each state-dict key alone, not on how (or in which order) the model was built."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            value = torch.randn(value.shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode()))) * 0.2
+            value = value.abs() + 0.5 if key.endswith('running_var') else value
+        state[key] = value
+    return state
+
+
+@pytest.mark.parametrize('name,kwargs,size,expected', REFERENCE_LOGITS)
+def test_logits_equal_the_recorded_reference(name, kwargs, size, expected):
+    model = timm.create_model(name, num_classes=3, **kwargs).eval()
+    model.load_state_dict(_seeded_state(model))
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), torch.tensor(expected), rtol=1e-4, atol=1e-4)
