@@ -15,7 +15,7 @@ from timm.models import get_notrace_functions, get_notrace_modules
 
 import timm_attnconv
 
-from .families import FAMILY, scriptable, small_kwargs, test_size
+from .families import FAMILY, small_kwargs, test_size
 
 MODELS = timm_attnconv.list_models()
 # full-size forward passes that take tens of seconds on 2 cores: run with -m slow
@@ -126,7 +126,7 @@ def test_user_feature_cfg_merges():
     assert len(model(torch.randn(1, 3, 32, 32))) == 1
 
 
-@pytest.mark.parametrize('name', [n for n in MODELS if scriptable(n)])
+@pytest.mark.parametrize('name', MODELS)
 def test_torchscript(name):
     with set_scriptable(True):
         model, x = _small(name)

@@ -5,8 +5,12 @@ import pytest
 import timm
 import torch
 
+from timm.models.resnet import Bottleneck
+from timm.models.vision_transformer import Block
+
 import timm_attnconv  # noqa: F401
-from timm_attnconv.layers import AAConv2d
+from timm_attnconv.layers import AAConv2d, ChainedAAConv2d, ChainedAttention
+from timm_attnconv.models.evolving_attention import EABlock, EABottleneck
 
 COUNTS = {'ea_aa_resnet50': (24_967_712, 11), 'ea_aa_resnet101': (43_440_728, 28),
           'ea_aa_resnet152': (58_659_248, 45)}  # spec ea-wang.md §2.3, TF layout, 1000 classes
@@ -176,3 +180,44 @@ def test_logits_equal_the_recorded_reference(name, kwargs, size, expected):
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(model(x), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_ea_blocks_at_a_chain_start_are_timms_blocks():
+    # the EA blocks run timm's own forward around the chained layer: evolution off, they are timm's blocks exactly
+    block = EABlock(16, num_heads=2, attn_layer=ChainedAttention).eval()
+    ref = Block(16, num_heads=2).eval()
+    ref.attn.fused_attn = False
+    ref.load_state_dict(block.state_dict())
+    bottleneck, ref_bottleneck = EABottleneck(32, 8).eval(), Bottleneck(32, 8).eval()
+    bottleneck.conv2 = ChainedAAConv2d(8, 8, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
+    ref_bottleneck.conv2 = AAConv2d(8, 8, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
+    ref_bottleneck.load_state_dict(bottleneck.state_dict())
+    cases = ((block, ref, torch.randn(2, 5, 16)), (bottleneck, ref_bottleneck, torch.randn(2, 32, 4, 4)))
+    with torch.no_grad():
+        for ea, timm_block, x in cases:
+            out, logits = ea.forward_chain(x, None)
+            assert torch.equal(out, timm_block(x)) and logits.ndim == 4
+            assert not any(isinstance(v, torch.Tensor) for m in ea.modules() for v in vars(m).values())
+
+
+def test_a_timm_block_forward_that_skips_the_attention_fails_loudly():
+    class Drifted(EABottleneck):
+        def forward(self, x):  # a timm release whose Bottleneck no longer calls conv2
+            return x
+
+    block = Drifted(8, 2)
+    block.conv2 = ChainedAAConv2d(2, 2, num_heads=1, kappa=1., upsilon=1., min_dim_head_qk=1, attn_grid=(2, 2))
+    with pytest.raises(RuntimeError, match='did not call its attention layer'):
+        block.forward_chain(torch.randn(1, 8, 2, 2), None)
+
+
+def test_features_only_threads_the_chain():
+    kwargs = dict(layers=(1, 2, 2, 2), zero_init_last=False)
+    features = timm.create_model('ea_aa_resnet50', features_only=True, **kwargs).eval()
+    model = timm.create_model('ea_aa_resnet50', **kwargs).eval()
+    model.load_state_dict(features.model.state_dict(), strict=False)  # all but the classifier
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for feature, expected in zip(features(x), model.forward_intermediates(x, intermediates_only=True)):
+            torch.testing.assert_close(feature, expected)
+
