@@ -12,8 +12,8 @@ SMALL_BY_NAME = {
     'aa_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
     'attnconv_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
     'ea_aa_resnet20_cifar': (dict(depths=(1, 2, 2)), 32),
-    'ea_deit_tiny_patch16_224': (dict(depth=3, img_size=64), 64),
-    'ea_deit_small_patch16_224': (dict(depth=3, img_size=64, embed_dim=96), 64),
+    'deit_ea_tiny_patch16_224': (dict(depth=3, img_size=64), 64),
+    'deit_ea_small_patch16_224': (dict(depth=3, img_size=64, embed_dim=96), 64),
     'ea_sa_learned_content_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
     'ea_sa_learned_content_tiny_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
 }

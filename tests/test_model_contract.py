@@ -19,7 +19,7 @@ from .families import FAMILY, small_kwargs, test_size
 
 MODELS = timm_attnconv.list_models()
 # full-size forward passes that take tens of seconds on 2 cores: run with -m slow
-HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152', 'ea_deit_small_patch16_224'}
+HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152', 'deit_ea_small_patch16_224'}
 
 
 def _input(model, batch=2):

@@ -8,7 +8,7 @@ import torch
 from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block
 
-import timm_attnconv  # noqa: F401
+import timm_attnconv
 from timm_attnconv.layers import AAConv2d, ChainedAAConv2d, ChainedAttention
 from timm_attnconv.models.evolving_attention import EABlock, EABottleneck
 
@@ -127,15 +127,15 @@ def test_ea_cifar_twin_chains_within_each_stage():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name,base,convs', [('ea_deit_tiny_patch16_224', 'deit_tiny_patch16_224', 3 * 3 * 9 + 3),
-                                            ('ea_deit_small_patch16_224', 'deit_small_patch16_224', 6 * 6 * 9 + 6)])
+@pytest.mark.parametrize('name,base,convs', [('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', 3 * 3 * 9 + 3),
+                                            ('deit_ea_small_patch16_224', 'deit_small_patch16_224', 6 * 6 * 9 + 6)])
 def test_ea_deit_is_timm_deit_plus_eleven_evolution_convs(name, base, convs):
     assert _count_params(name) == _count_params(base) + 11 * convs
 
 
 def test_ea_deit_without_residual_and_conv_is_timm_deit():
     kwargs = dict(depth=3)
-    ea = timm.create_model('ea_deit_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
     base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
     load_without_evolution(base, ea)
     x = torch.randn(1, 3, 224, 224)
@@ -155,7 +155,7 @@ REFERENCE_LOGITS = [
      [[-19.69171, 39.22279, -40.33131], [-19.85934, 38.26518, -38.60604]]),
     ('ea_aa_resnet20_cifar', dict(depths=(1, 2, 2)), 32,
      [[0.3201031, 0.4122942, -0.6197783], [0.3195645, 0.4226675, -0.6090268]]),
-    ('ea_deit_tiny_patch16_224', dict(depth=3, img_size=64), 64,
+    ('deit_ea_tiny_patch16_224', dict(depth=3, img_size=64), 64,
      [[-1.277141, -0.5891056, 1.400911], [-1.261765, -0.5516307, 1.161041]]),
     ('ea_sa_learned_content_cifar', dict(embed_dim=32, mlp_dim=48, depth=3), 32,
      [[0.2162621, 0.1617506, -0.1161231], [0.2146587, 0.1624294, -0.1142329]]),
@@ -221,3 +221,11 @@ def test_features_only_threads_the_chain():
         for feature, expected in zip(features(x), model.forward_intermediates(x, intermediates_only=True)):
             torch.testing.assert_close(feature, expected)
 
+
+@pytest.mark.parametrize('old,new', [('ea_deit_tiny_patch16_224', 'deit_ea_tiny_patch16_224'),
+                                     ('ea_deit_small_patch16_224', 'deit_ea_small_patch16_224')])
+def test_first_deit_names_still_build_with_a_deprecation_warning(old, new):
+    with pytest.warns(UserWarning, match=f'deprecated model name {old} to current {new}'):
+        model = timm.create_model(old, depth=2, device='meta')
+    assert model.pretrained_cfg['architecture'] == new and model.num_evolved == 1
+    assert old not in timm_attnconv.list_models() and timm.models.get_deprecated_models('evolving_attention')[old] == new

@@ -11,7 +11,7 @@ keep timm's forward passes. Every model threads its chain through :class:`~timm_
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model_deprecations
 from timm.models._features import feature_take_indices
 from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block, VisionTransformer
@@ -305,8 +305,8 @@ default_cfgs = generate_default_cfgs({
     'ea_aa_resnet20_cifar': _cifar_cfg(
         'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage, for CPU training',
         paper_ids='arXiv:1904.09925,arXiv:2102.12895'),
-    'ea_deit_tiny_patch16_224': _ea_vit_cfg('DeiT-Ti (timm deit_tiny_patch16_224) + 11 EA convs'),
-    'ea_deit_small_patch16_224': _ea_vit_cfg('DeiT-S (timm deit_small_patch16_224) + 11 EA convs'),
+    'deit_ea_tiny_patch16_224': _ea_vit_cfg('DeiT-Ti (timm deit_tiny_patch16_224) + 11 EA convs'),
+    'deit_ea_small_patch16_224': _ea_vit_cfg('DeiT-S (timm deit_small_patch16_224) + 11 EA convs'),
     'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
                               '11 of 13 attention layers evolved; paper accuracy unverified'),
     'ea_aa_resnet101': _ea_cfg('released layout: 43,440,728 params, 28 of 30 attention layers evolved'),
@@ -367,15 +367,21 @@ def ea_aa_resnet20_cifar(pretrained: bool = False, **kwargs) -> EACifarResNet:
 
 
 @register_model
-def ea_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
+def deit_ea_tiny_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
     """DeiT-Ti (timm's ``deit_tiny_patch16_224`` layout) with evolving attention across its 12 blocks."""
     model_args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-    return _create_ea_vit('ea_deit_tiny_patch16_224', pretrained, **dict(model_args, **kwargs))
+    return _create_ea_vit('deit_ea_tiny_patch16_224', pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
-def ea_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
+def deit_ea_small_patch16_224(pretrained: bool = False, **kwargs) -> EAVisionTransformer:
     """DeiT-S (timm's ``deit_small_patch16_224`` layout) with evolving attention across its 12 blocks."""
     model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-    return _create_ea_vit('ea_deit_small_patch16_224', pretrained, **dict(model_args, **kwargs))
+    return _create_ea_vit('deit_ea_small_patch16_224', pretrained, **dict(model_args, **kwargs))
 
+
+# the first names of the EA DeiTs; timm's suites pick out token-output models by the name pattern deit*
+register_model_deprecations(__name__, {
+    'ea_deit_tiny_patch16_224': 'deit_ea_tiny_patch16_224',
+    'ea_deit_small_patch16_224': 'deit_ea_small_patch16_224',
+})
