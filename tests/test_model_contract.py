@@ -147,6 +147,7 @@ def test_fx_trace(name):
     with torch.no_grad():
         out = tuple(fx_model(x).values())[0]
         assert torch.equal(out, model(x))
+        torch.testing.assert_close(tuple(torch.jit.script(fx_model)(x).values())[0], out)  # timm's FX → TorchScript
 
 
 @pytest.mark.parametrize('name', MODELS)
