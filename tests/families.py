@@ -6,16 +6,14 @@ SMALL = {
     'attn_augment': (dict(layers=(1, 1, 1, 1)), 64),
     'evolving_attention': (dict(layers=(1, 1, 1, 1)), 64),
 }
-# families whose forward TorchScript cannot compile (timm keeps a similar exclusion list)
-NO_TORCHSCRIPT = {'evolving_attention'}
 # models of a family built by another class
 SMALL_BY_NAME = {
     'aa_wide_resnet28_10_cifar': (dict(depths=(1, 1, 1), widths=(80, 80, 96)), 32),
     'aa_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
     'attnconv_resnet20_cifar': (dict(depths=(1, 1, 1)), 32),
     'ea_aa_resnet20_cifar': (dict(depths=(1, 2, 2)), 32),
-    'ea_deit_tiny_patch16_224': (dict(depth=3, img_size=64), 64),
-    'ea_deit_small_patch16_224': (dict(depth=3, img_size=64, embed_dim=96), 64),
+    'deit_ea_tiny_patch16_224': (dict(depth=3, img_size=64), 64),
+    'deit_ea_small_patch16_224': (dict(depth=3, img_size=64, embed_dim=96), 64),
     'ea_sa_learned_content_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
     'ea_sa_learned_content_tiny_cifar': (dict(embed_dim=32, mlp_dim=48), 32),
 }
@@ -24,10 +22,6 @@ FAMILY = {name: family for family in SMALL for name in timm.list_models(module=f
 
 def _small(name: str):
     return SMALL_BY_NAME.get(name) or SMALL[FAMILY[name]]
-
-
-def scriptable(name: str) -> bool:
-    return FAMILY[name] not in NO_TORCHSCRIPT
 
 
 def small_kwargs(name: str) -> dict:

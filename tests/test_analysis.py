@@ -10,7 +10,7 @@ from timm_attnconv.theory import conv_to_attention
 
 FAMILIES = [('sa_quadratic_tiny_cifar', {}, 32, 6), ('sa_learned_content_tiny_cifar', {}, 32, 6),
             ('aa_resnet50', dict(layers=(1, 1, 1, 1)), 64, 3), ('ea_aa_resnet20_cifar', {}, 32, 6),
-            ('ea_sa_learned_content_tiny_cifar', {}, 32, 6), ('ea_deit_tiny_patch16_224', dict(depth=2), 224, 2)]
+            ('ea_sa_learned_content_tiny_cifar', {}, 32, 6), ('deit_ea_tiny_patch16_224', dict(depth=2), 224, 2)]
 
 
 @pytest.mark.parametrize('name,kwargs,size,layers', FAMILIES)

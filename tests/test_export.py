@@ -8,7 +8,7 @@ import torch
 
 CASES = [('sa_quadratic_tiny_cifar', {}, 32), ('sa_learned_content_tiny_cifar', dict(depth=2), 32),
          ('aa_resnet20_cifar', {}, 32), ('ea_aa_resnet20_cifar', {}, 32),
-         ('ea_deit_tiny_patch16_224', dict(depth=2), 224)]
+         ('deit_ea_tiny_patch16_224', dict(depth=2), 224)]
 
 
 @pytest.mark.parametrize('name,kwargs,size', CASES)

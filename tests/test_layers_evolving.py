@@ -1,8 +1,14 @@
-"""The EA update against a literal per-element reading of Wang et al. (2021), and the chain rules."""
-import pytest
-import torch
+"""The EA update against a literal per-element reading of Wang et al. (2021), the chain rules, and the timm API the
+EA layers build on."""
+from pathlib import Path
 
-from timm_attnconv.layers import AAConv2d, AttentionEvolution, link_chain
+import pytest
+import timm
+import torch
+from timm.layers import Attention
+
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, ChainedAttention, link_chain
+from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
 
 
 @pytest.mark.parametrize('residual,conv_weight', [(0.5, 1.0), (0.3, 0.6), (0.0, 0.0)])
@@ -52,3 +58,36 @@ def test_incompatible_chains_fail_at_construction():
         link_chain([_aa((4, 4), heads=2), _aa((4, 4), heads=4)], [(4, 4), (4, 4)])
     with pytest.raises(ValueError, match='evolve_residual must be in'):
         AttentionEvolution(2, evolve_residual=1.5)
+
+
+@pytest.mark.parametrize('options', [{}, dict(qkv_bias=True, qk_norm=True, scale_norm=True, gated=True)])
+def test_chained_attention_at_a_chain_start_is_timms_attention(options):
+    # ChainedAttention forms timm's attention from timm's parts: a timm release that changes it must fail here
+    ref = Attention(16, num_heads=2, norm_layer=torch.nn.LayerNorm, **options).eval()
+    ref.fused_attn = False  # the explicit maps EA needs; fused kernels agree only to rounding
+    layer = ChainedAttention(16, num_heads=2, norm_layer=torch.nn.LayerNorm, **options).eval()
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        out, logits = layer.forward_chain(x, None)
+        assert torch.equal(out, ref(x)) and logits.shape == (2, 2, 5, 5)
+        layer.chain_put(None)
+        assert torch.equal(layer(x), out) and torch.equal(layer.chain_take(), logits)
+    with pytest.raises(ValueError, match='masks are not supported'):
+        layer(x, is_causal=True)
+
+
+def test_a_changed_timm_class_fails_at_construction():
+    class Changed(torch.nn.Module):
+        def forward(self, x, rope=None):
+            return x
+
+    with pytest.raises(RuntimeError, match=rf'timm {timm.__version__} changed .*Changed.*forward\(\'x\', \'rope\'\)'):
+        check_timm_api(Changed, ('x',), Changed(), ())
+    with pytest.raises(RuntimeError, match='without qkv'):
+        check_timm_api(Attention, ('x', 'attn_mask', 'is_causal'), torch.nn.Identity(), ('qkv',))
+
+
+def test_setup_cfg_states_the_tested_timm_range():
+    requires = (Path(__file__).parents[1] / 'setup.cfg').read_text()
+    assert f'timm>={TIMM_TESTED[0]},<={TIMM_TESTED[1]}' in requires

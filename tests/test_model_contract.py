@@ -15,11 +15,11 @@ from timm.models import get_notrace_functions, get_notrace_modules
 
 import timm_attnconv
 
-from .families import FAMILY, scriptable, small_kwargs, test_size
+from .families import FAMILY, small_kwargs, test_size
 
 MODELS = timm_attnconv.list_models()
 # full-size forward passes that take tens of seconds on 2 cores: run with -m slow
-HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152', 'ea_deit_small_patch16_224'}
+HEAVY = {'aa_resnet101', 'aa_resnet152', 'ea_aa_resnet101', 'ea_aa_resnet152', 'deit_ea_small_patch16_224'}
 
 
 def _input(model, batch=2):
@@ -126,7 +126,7 @@ def test_user_feature_cfg_merges():
     assert len(model(torch.randn(1, 3, 32, 32))) == 1
 
 
-@pytest.mark.parametrize('name', [n for n in MODELS if scriptable(n)])
+@pytest.mark.parametrize('name', MODELS)
 def test_torchscript(name):
     with set_scriptable(True):
         model, x = _small(name)
@@ -147,6 +147,7 @@ def test_fx_trace(name):
     with torch.no_grad():
         out = tuple(fx_model(x).values())[0]
         assert torch.equal(out, model(x))
+        torch.testing.assert_close(tuple(torch.jit.script(fx_model)(x).values())[0], out)  # timm's FX → TorchScript
 
 
 @pytest.mark.parametrize('name', MODELS)

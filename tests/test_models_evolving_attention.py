@@ -1,10 +1,16 @@
 """EA-AA-ResNets: released-code parameter counts, the chain through the model, and equivalence to the base model."""
+import zlib
+
 import pytest
 import timm
 import torch
 
-import timm_attnconv  # noqa: F401
-from timm_attnconv.layers import AAConv2d
+from timm.models.resnet import Bottleneck
+from timm.models.vision_transformer import Block
+
+import timm_attnconv
+from timm_attnconv.layers import AAConv2d, ChainedAAConv2d, ChainedAttention
+from timm_attnconv.models.evolving_attention import EABlock, EABottleneck
 
 COUNTS = {'ea_aa_resnet50': (24_967_712, 11), 'ea_aa_resnet101': (43_440_728, 28),
           'ea_aa_resnet152': (58_659_248, 45)}  # the released TF layout, 1000 classes
@@ -121,15 +127,15 @@ def test_ea_cifar_twin_chains_within_each_stage():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name,base,convs', [('ea_deit_tiny_patch16_224', 'deit_tiny_patch16_224', 3 * 3 * 9 + 3),
-                                            ('ea_deit_small_patch16_224', 'deit_small_patch16_224', 6 * 6 * 9 + 6)])
+@pytest.mark.parametrize('name,base,convs', [('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', 3 * 3 * 9 + 3),
+                                            ('deit_ea_small_patch16_224', 'deit_small_patch16_224', 6 * 6 * 9 + 6)])
 def test_ea_deit_is_timm_deit_plus_eleven_evolution_convs(name, base, convs):
     assert _count_params(name) == _count_params(base) + 11 * convs
 
 
 def test_ea_deit_without_residual_and_conv_is_timm_deit():
     kwargs = dict(depth=3)
-    ea = timm.create_model('ea_deit_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
     base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
     load_without_evolution(base, ea)
     x = torch.randn(1, 3, 224, 224)
@@ -138,3 +144,88 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
         final, inter = ea.forward_intermediates(x, indices=[0, 2])
         assert [t.shape for t in inter] == [(1, 192, 14, 14)] * 2
         torch.testing.assert_close(ea.forward_head(final), ea(x))
+
+
+# eval logits (3 classes, batch 2) on the weights of _seeded_state, recorded at commit 17b4fdd, whose EA models ran
+# their own copies of timm's Bottleneck and ViT Block forwards: any later construction of them must give the same
+REFERENCE_LOGITS = [
+    ('ea_aa_resnet50', dict(layers=(1, 2, 2, 2)), 64,
+     [[-22.96192, 34.61473, -47.21085], [-20.67424, 36.89874, -45.31371]]),
+    ('ea_aa_resnet50', dict(layers=(1, 2, 2, 2), aa_stages=(3, 4)), 64,
+     [[-19.69171, 39.22279, -40.33131], [-19.85934, 38.26518, -38.60604]]),
+    ('ea_aa_resnet20_cifar', dict(depths=(1, 2, 2)), 32,
+     [[0.3201031, 0.4122942, -0.6197783], [0.3195645, 0.4226675, -0.6090268]]),
+    ('deit_ea_tiny_patch16_224', dict(depth=3, img_size=64), 64,
+     [[-1.277141, -0.5891056, 1.400911], [-1.261765, -0.5516307, 1.161041]]),
+    ('ea_sa_learned_content_cifar', dict(embed_dim=32, mlp_dim=48, depth=3), 32,
+     [[0.2162621, 0.1617506, -0.1161231], [0.2146587, 0.1624294, -0.1142329]]),
+]
+
+
+def _seeded_state(model):
+    """Weights that depend on each state-dict key alone, not on how (or in which order) the model was built."""
+    state = {}
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            value = torch.randn(value.shape, generator=torch.Generator().manual_seed(zlib.crc32(key.encode()))) * 0.2
+            value = value.abs() + 0.5 if key.endswith('running_var') else value
+        state[key] = value
+    return state
+
+
+@pytest.mark.parametrize('name,kwargs,size,expected', REFERENCE_LOGITS)
+def test_logits_equal_the_recorded_reference(name, kwargs, size, expected):
+    model = timm.create_model(name, num_classes=3, **kwargs).eval()
+    model.load_state_dict(_seeded_state(model))
+    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), torch.tensor(expected), rtol=1e-4, atol=1e-4)
+
+
+def test_ea_blocks_at_a_chain_start_are_timms_blocks():
+    # the EA blocks run timm's own forward around the chained layer: evolution off, they are timm's blocks exactly
+    block = EABlock(16, num_heads=2, attn_layer=ChainedAttention).eval()
+    ref = Block(16, num_heads=2).eval()
+    ref.attn.fused_attn = False
+    ref.load_state_dict(block.state_dict())
+    bottleneck, ref_bottleneck = EABottleneck(32, 8).eval(), Bottleneck(32, 8).eval()
+    bottleneck.conv2 = ChainedAAConv2d(8, 8, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
+    ref_bottleneck.conv2 = AAConv2d(8, 8, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
+    ref_bottleneck.load_state_dict(bottleneck.state_dict())
+    cases = ((block, ref, torch.randn(2, 5, 16)), (bottleneck, ref_bottleneck, torch.randn(2, 32, 4, 4)))
+    with torch.no_grad():
+        for ea, timm_block, x in cases:
+            out, logits = ea.forward_chain(x, None)
+            assert torch.equal(out, timm_block(x)) and logits.ndim == 4
+            assert not any(isinstance(v, torch.Tensor) for m in ea.modules() for v in vars(m).values())
+
+
+def test_a_timm_block_forward_that_skips_the_attention_fails_loudly():
+    class Drifted(EABottleneck):
+        def forward(self, x):  # a timm release whose Bottleneck no longer calls conv2
+            return x
+
+    block = Drifted(8, 2)
+    block.conv2 = ChainedAAConv2d(2, 2, num_heads=1, kappa=1., upsilon=1., min_dim_head_qk=1, attn_grid=(2, 2))
+    with pytest.raises(RuntimeError, match='did not call its attention layer'):
+        block.forward_chain(torch.randn(1, 8, 2, 2), None)
+
+
+def test_features_only_threads_the_chain():
+    kwargs = dict(layers=(1, 2, 2, 2), zero_init_last=False)
+    features = timm.create_model('ea_aa_resnet50', features_only=True, **kwargs).eval()
+    model = timm.create_model('ea_aa_resnet50', **kwargs).eval()
+    model.load_state_dict(features.model.state_dict(), strict=False)  # all but the classifier
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        for feature, expected in zip(features(x), model.forward_intermediates(x, intermediates_only=True)):
+            torch.testing.assert_close(feature, expected)
+
+
+@pytest.mark.parametrize('old,new', [('ea_deit_tiny_patch16_224', 'deit_ea_tiny_patch16_224'),
+                                     ('ea_deit_small_patch16_224', 'deit_ea_small_patch16_224')])
+def test_first_deit_names_still_build_with_a_deprecation_warning(old, new):
+    with pytest.warns(UserWarning, match=f'deprecated model name {old} to current {new}'):
+        model = timm.create_model(old, depth=2, device='meta')
+    assert model.pretrained_cfg['architecture'] == new and model.num_evolved == 1
+    assert old not in timm_attnconv.list_models() and timm.models.get_deprecated_models('evolving_attention')[old] == new

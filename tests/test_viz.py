@@ -24,12 +24,12 @@ def test_center_plot_has_one_panel_per_layer_and_rows_per_model(tmp_path):
 
 @pytest.mark.parametrize('name,kwargs,size,rows', [('sa_quadratic_tiny_cifar', {}, 32, 6),
                                                    ('aa_resnet20_cifar', {}, 32, 6),
-                                                   ('ea_deit_tiny_patch16_224', dict(depth=2), 224, 2)])
+                                                   ('deit_ea_tiny_patch16_224', dict(depth=2), 224, 2)])
 def test_attention_plot_draws_every_head_of_every_layer(tmp_path, name, kwargs, size, rows):
     model = timm.create_model(name, **kwargs).eval()
     images = torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8)
     panels = plot_attention(model, images, (size // 2, size // 2), str(tmp_path / 'a.png'))
-    heads = {'sa_quadratic_tiny_cifar': 9, 'aa_resnet20_cifar': 4, 'ea_deit_tiny_patch16_224': 3}[name]
+    heads = {'sa_quadratic_tiny_cifar': 9, 'aa_resnet20_cifar': 4, 'deit_ea_tiny_patch16_224': 3}[name]
     assert panels == rows * heads
     assert _pixels(tmp_path / 'a.png').std() > 10
 

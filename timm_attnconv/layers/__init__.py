@@ -1,7 +1,7 @@
 """Attention primitives shared by every family of the package."""
 from .attention_interface import AttentionLayer, attention_layers, explicit_attention
 from .augmented_conv import AAConv2d, aa_dims
-from .evolving import AttentionEvolution, link_chain
+from .evolving import AttentionEvolution, ChainedAAConv2d, ChainedAttention, ChainSlot, EvolvingChain, link_chain
 from .position_scores import (
     POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
     position_term)

@@ -7,18 +7,35 @@ convolution over the stacked head maps (heads as channels, the ``N × N`` query-
     L = c·ReLU(Conv3×3_{H→H}(M)) + (1 − c)·M
     A = softmax_keys(L);  L is handed to the next layer
 
-``r`` is ``evolve_residual`` and ``c`` ``evolve_conv_weight`` (``beta`` and ``alpha`` in the released code; the
-paper's α/β naming is not used because its mapping to the code is unverified, spec ea-wang.md §1.3). Released
-ImageNet values: r = 0.5, c = 1.0. A layer without a predecessor of the same map shape starts a new chain (L = S) and
-owns no convolution; :func:`link_chain` decides that at construction.
-"""
-from typing import Optional, Sequence, Tuple
+``r`` is ``evolve_residual`` and ``c`` ``evolve_conv_weight``: ``beta`` and ``alpha`` in the authors' released code,
+whose names and ImageNet values (r = 0.5, c = 1.0) are the ones used here. The paper writes the two weights as α and β
+(§3); which of its symbols is which weight cannot be settled from the paper text at hand, so its naming is not used. A
+layer without a predecessor of the same map shape starts a new chain (L = S) and owns no convolution;
+:func:`link_chain` decides that at construction.
 
+A chain runs through :class:`EvolvingChain`, the one loop of every EA model: the chain state (the evolved logits) is an
+argument of each block's ``forward_chain(x, prev) → (x, logits)``, never state kept between calls, so gradient
+checkpointing, FX, TorchScript, ``forward_intermediates`` and replication stay correct. timm's blocks (``Bottleneck``,
+ViT ``Block``) call their attention with ``x`` alone; their EA subclasses keep timm's forward pass and reach the
+attention layer through its :class:`ChainSlot` for the duration of one block call.
+"""
+import inspect
+from typing import List, Optional, Sequence, Tuple
+
+import timm
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from timm.layers import Attention, register_notrace_module
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ['AttentionEvolution', 'link_chain']
+from .augmented_conv import AAConv2d
+
+__all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
+           'TIMM_TESTED', 'check_timm_api', 'link_chain']
+
+# the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
+TIMM_TESTED = ('1.0.28', '1.0.31')
 
 
 class AttentionEvolution(nn.Module):
@@ -76,3 +93,147 @@ def link_chain(layers: Sequence[nn.Module], grids: Sequence[Tuple[int, int]], ev
                                           device=ref.device, dtype=ref.dtype)
         evolved += 1
     return evolved
+
+
+@register_notrace_module  # the loop threads a tuple state through blocks: one leaf for FX, which TorchScript compiles
+class EvolvingChain(nn.Sequential):
+    """``nn.Sequential`` that threads the chain state through its blocks: the one loop of every EA model.
+
+    A block takes part through ``forward_chain(x, prev) → (x, logits)``; a block without it (no attention layer, or a
+    model built without evolution) runs as it would anywhere and ends the chain. A chain is such a block itself, so
+    stages of blocks nest. Slicing keeps the type (timm's ``prune_intermediate_layers`` slices).
+    """
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            prev: Optional[torch.Tensor] = None,
+            checkpointing: bool = False,
+            take_indices: Optional[List[int]] = None,
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor], List[torch.Tensor]]:
+        """``(x, chain state) → (x, chain state, outputs of the blocks at take_indices)``; ``checkpointing`` puts
+        each block under its own gradient checkpoint."""
+        intermediates: List[torch.Tensor] = []
+        for index, block in enumerate(self):
+            if not hasattr(block, 'forward_chain'):  # TorchScript decides this per block when it compiles
+                if checkpointing and not torch.jit.is_scripting():
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
+                prev = None
+            elif checkpointing and not torch.jit.is_scripting():
+                x, prev = checkpoint(block.forward_chain, x, prev, use_reentrant=False)
+            else:
+                x, prev = block.forward_chain(x, prev)
+            if take_indices is not None and index in take_indices:
+                intermediates.append(x)
+        return x, prev, intermediates
+
+    def forward_chain(
+            self,
+            x: torch.Tensor,
+            prev: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        x, prev, _ = self.forward(x, prev)
+        return x, prev
+
+
+class ChainSlot:
+    """Mixin for an attention layer that its block calls with ``x`` alone (timm's ``Bottleneck`` and ``Block``).
+
+    The block puts the previous layer's logits in (:meth:`chain_put`), runs its own forward pass, in which the layer's
+    ``forward`` runs :meth:`chain_step`, and takes this layer's logits out (:meth:`chain_take`), which empties the
+    slot: tensors sit on the layer for that one block call only. The layer implements ``forward_chain(x, prev)``.
+    """
+    chain_prev: Optional[torch.Tensor]
+    chain_logits: Optional[torch.Tensor]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chain_prev = None
+        self.chain_logits = None
+
+    def chain_put(self, prev: Optional[torch.Tensor]) -> None:
+        self.chain_prev = prev
+        self.chain_logits = None
+
+    def chain_step(self, x: torch.Tensor) -> torch.Tensor:
+        out, logits = self.forward_chain(x, self.chain_prev)
+        self.chain_logits = logits
+        return out
+
+    def chain_take(self) -> torch.Tensor:
+        logits = self.chain_logits
+        self.chain_prev = None
+        self.chain_logits = None
+        if logits is None:
+            raise RuntimeError('the block\'s forward pass did not call its attention layer once: timm\'s block '
+                               'forward changed; install a timm release in the range setup.cfg states')
+        return logits
+
+
+class ChainedAAConv2d(ChainSlot, AAConv2d):
+    """:class:`AAConv2d` as the 3×3 of timm's ``Bottleneck`` in an EA chain: its forward is the chain step."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.chain_step(x)
+
+
+# what ChainedAttention.forward_chain reads of timm's Attention
+ATTENTION_PARTS = ('num_heads', 'head_dim', 'attn_dim', 'scale', 'qkv', 'q_norm', 'k_norm', 'attn_drop', 'norm',
+                   'gate', 'proj', 'proj_drop')
+
+
+class ChainedAttention(ChainSlot, Attention):
+    """timm's ViT ``Attention`` (its parameters, their names and initialisation) as a member of an EA chain.
+
+    The maps are convolved and handed on (Wang et al. 2021, §3), so this layer forms its logits explicitly, class
+    token included, never through a fused kernel: :meth:`forward_chain` is its attention. It equals timm's unfused
+    ``Attention`` at a chain start (tested), so a timm release that changes that forward fails the tests loudly.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        check_timm_api(Attention, ('x', 'attn_mask', 'is_causal'), self, ATTENTION_PARTS)
+        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
+        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
+
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            is_causal: bool = False,
+    ) -> torch.Tensor:
+        if attn_mask is not None or is_causal:
+            raise ValueError('evolving attention convolves full attention maps: attention masks are not supported')
+        return self.chain_step(x)
+
+    def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, previous logits) → (output, logits to hand on)``; without ``self.evolve`` ``prev`` is ignored."""
+        batch, tokens, _ = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        logits = (self.q_norm(q) * self.scale) @ self.k_norm(k).transpose(-2, -1)
+        if self.evolve is not None:
+            logits = self.evolve(logits, prev)
+        y = self.attn_drop(self.logits_tap(logits).softmax(dim=-1)) @ v
+        y = self.norm(y.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
+        if self.gate is not None:
+            y = y * self.gate(x).sigmoid()
+        return self.proj_drop(self.proj(y)), logits
+
+
+def check_timm_api(base: type, forward_args: Tuple[str, ...], module: nn.Module, attributes: Sequence[str]) -> None:
+    """Raise unless timm's ``base`` still has the ``forward`` arguments and the attributes an EA subclass relies on.
+
+    The EA subclasses keep timm's forward passes (or, for ``Attention``, its parts): a timm release that changes them
+    must stop the model at construction, not give it silently different logits.
+    """
+    args = tuple(inspect.signature(base.forward).parameters)[1:]
+    missing = [name for name in attributes if not hasattr(module, name)]
+    if args != forward_args or missing:
+        found = f'forward{args}' + (f' without {", ".join(missing)}' if missing else '')
+        raise RuntimeError(
+            f'timm {timm.__version__} changed {base.__module__}.{base.__qualname__}: timm_attnconv\'s evolving '
+            f'attention builds on its forward{forward_args} with {", ".join(attributes)} (timm {TIMM_TESTED[0]} to '
+            f'{TIMM_TESTED[1]}, setup.cfg) and found {found}. Install a timm release in that range.')

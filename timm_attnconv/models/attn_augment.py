@@ -46,6 +46,7 @@ class AAResNet(ResNet):
             function: the key bias cancels in the softmax and the value / projection biases in the following BN.
         pool_first_aa_stage: pool the attention of the first augmented stage (28² → 14² at 224).
         img_size: default input size; sizes the relative tables (other sizes slice or interpolate them).
+        attn_conv_layer: the class of the augmented convolutions (evolving attention plugs in a subclass).
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class AAResNet(ResNet):
             qkv_bias: bool = False,
             proj_bias: bool = False,
             img_size: Union[int, Tuple[int, int]] = 224,
+            attn_conv_layer: Type[AAConv2d] = AAConv2d,
             **kwargs: Any,
     ):
         if kwargs.get('output_stride', 32) != 32:
@@ -79,7 +81,7 @@ class AAResNet(ResNet):
             for blk in getattr(self, f'layer{stage}'):
                 name = 'conv2' if isinstance(blk, Bottleneck) else 'conv1'
                 conv = getattr(blk, name)
-                setattr(blk, name, AAConv2d(
+                setattr(blk, name, attn_conv_layer(
                     conv.in_channels, conv.out_channels, conv.kernel_size[0], conv.stride[0], num_heads=num_heads,
                     kappa=kappa, upsilon=upsilon, min_dim_head_qk=min_dim_head_qk, attn_grid=attn_grid,
                     attn_pool=pooled, rel_pos=rel_pos, qkv_bias=qkv_bias, proj_bias=proj_bias, **dd))
