@@ -27,7 +27,7 @@ def test_only_the_family_builder_builds_models():
 
 
 @pytest.mark.parametrize('name', ['sa_quadratic_tiny_cifar', 'ea_sa_learned_content_tiny_cifar', 'aa_resnet50',
-                                  'aa_resnet20_cifar', 'ea_aa_resnet50', 'ea_deit_tiny_patch16_224'])
+                                  'aa_resnet20_cifar', 'ea_aa_resnet50', 'deit_ea_tiny_patch16_224'])
 def test_every_create_function_resolves_pretrained_files(name, monkeypatch):
     resolved, resolve = [], _registry.resolve_pretrained_kwargs
 
