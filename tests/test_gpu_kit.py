@@ -40,3 +40,41 @@ def test_launch_status_collect_and_join(tmp_path):
     assert config['model'] == 'sa_learned_cifar' and config['opt'] == 'adamw' and config['model_ema_decay'] == 0.9995
     assert config['epochs'] == 1 and config['clip_grad'] == 1.0 and config['world_size'] == 1
     assert all(torch.equal(run['model'][k], v) for k, v in state['model'].items())
+
+
+def test_prepare_and_receive_cifar10(tmp_path):
+    """prepare.sh sets weights/ aside and cuts the data into parts; receive-cifar10.sh, given one part per call (the
+    machine deletes the parts earlier calls carried), joins them once all arrived and checks every byte."""
+    repo, machine, src = tmp_path / 'repo', tmp_path / 'machine', tmp_path / 'cifar10'
+    for folder in (repo / 'weights' / 'm.c10', machine, src):
+        folder.mkdir(parents=True)
+    (repo / 'weights' / 'm.c10' / 'model.safetensors').write_bytes(b'w' * 1000)
+    subprocess.run('git init -q && git add -A && git -c user.email=t@t -c user.name=t commit -qm w', shell=True,
+                   cwd=repo, check=True)
+    data = {name: os.urandom(size) for name, size in (('train.npz', 2_500_000), ('test.npz', 700_000))}
+    for name, payload in data.items():
+        (src / name).write_bytes(payload)
+    env = dict(os.environ, CIFAR10_DIR=str(src), PART_MIB='1')
+
+    def script(name, *args, cwd):
+        done = subprocess.run(['bash', os.path.join(os.path.abspath(KIT), name), *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert '4 parts of at most 1 MiB' in script('prepare.sh', cwd=repo)
+    assert not (repo / 'weights').exists() and (repo / '.git' / 'gpu-aside' / 'weights').is_dir()
+    assert '/.gpu/' in (repo / '.git' / 'info' / 'exclude').read_text().split()
+    dest = tmp_path / 'c10'
+    for i in range(4):
+        carried = machine / '.gpu'
+        subprocess.run(['rm', '-rf', str(carried)], check=True)
+        carried.mkdir(exist_ok=True)
+        subprocess.run(['cp', '-r', str(repo / '.gpu' / f'p0{i}'), str(carried)], check=True)
+        said = script('receive-cifar10.sh', str(dest), cwd=machine)
+        assert ('carry the next part' in said) == (i < 3), said
+    assert 'sha256 checked' in said
+    assert all((dest / name).read_bytes() == payload for name, payload in data.items())
+
+    script('prepare.sh', '--restore', cwd=repo)
+    assert (repo / 'weights' / 'm.c10' / 'model.safetensors').read_bytes() == b'w' * 1000

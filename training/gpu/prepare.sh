@@ -1,13 +1,40 @@
 #!/usr/bin/env bash
-# Here, before a GPU session, from the repo root: cut CIFAR-10 into parts under .gpu/p00, .gpu/p01, ... that each
-# travel in one device call beside the working tree (64 MiB a call for both), sized by what the tree weighs now.
-# Usage: training/gpu/prepare.sh
+# Here, before a GPU session, from the repo root: make the working tree lean and cut CIFAR-10 into as few parts as
+# fit beside it, one per device call (64 MiB a call for tree and part together).
+# - weights/ (30+ MiB of staged safetensors, tracked) moves to .git/gpu-aside/ so that it does not travel with every
+#   call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
+# - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
+#   and sha256 that receive-cifar10.sh checks on the other side.
+# Usage: training/gpu/prepare.sh [--restore]; CIFAR10_DIR (default ../shared/data/cifar10) holds the npz files.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-tree=$({ git ls-files -z; git ls-files -z -o --exclude-standard; } | du -cb --files0-from=- | tail -n 1 | cut -f1)
-mib=$(( (60 * 1048576 - tree) / 1048576 )); [ $mib -le 40 ] || mib=40
-if [ $mib -lt 8 ]; then
-  echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1
+aside=$(git rev-parse --git-dir)/gpu-aside
+if [ "${1:-}" = --restore ]; then
+  [ -d "$aside/weights" ] || { echo "nothing set aside in $aside" >&2; exit 1; }
+  [ ! -e weights ] || { echo "weights/ exists: move it away or compare it with $aside/weights first" >&2; exit 1; }
+  mv "$aside/weights" weights && echo "weights/ restored"; exit 0
 fi
-echo "working tree: $((tree / 1048576)) MiB; parts of $mib MiB"
-../shared/gpu/split-cifar10.sh .gpu "$mib"
+src=${CIFAR10_DIR:-../shared/data/cifar10}
+[ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] || { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
+if [ -d weights ]; then
+  [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
+  mkdir -p "$aside" && mv weights "$aside/weights"
+fi
+exclude=$(git rev-parse --git-dir)/info/exclude; mkdir -p "$(dirname "$exclude")"
+grep -qxF /.gpu/ "$exclude" 2>/dev/null || echo /.gpu/ >> "$exclude"
+# what travels: tracked files still present and untracked ones git does not ignore
+tree=$({ git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null |
+       awk '{ s += $1 } END { print s + 0 }') || true
+mib=$(( (62 * 1048576 - ${tree:-0}) / 1048576 ))
+[ $mib -ge 8 ] || { echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1; }
+mib=${PART_MIB:-$mib}  # smaller parts, for tests
+rm -rf .gpu && mkdir -p .gpu/tmp
+cat "$src/train.npz" "$src/test.npz" | (cd .gpu/tmp && split -b "${mib}M" -d -a 2 - cifar10.)
+{ echo "train $(stat -c %s "$src/train.npz") $(sha256sum < "$src/train.npz" | cut -d' ' -f1)"
+  echo "test $(stat -c %s "$src/test.npz") $(sha256sum < "$src/test.npz" | cut -d' ' -f1)"; } > .gpu/tmp/sums
+n=0
+for part in .gpu/tmp/cifar10.*; do
+  d=.gpu/p${part##*.}; mkdir -p "$d"; mv "$part" "$d/"; cp .gpu/tmp/sums "$d/sums"; n=$((n + 1))
+done
+rm -r .gpu/tmp
+echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $mib MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
