@@ -15,9 +15,9 @@ An attention layer forms pre-softmax logits of shape ``(B or 1, num_heads, N, N)
   rounding.
 
 A layer calls :meth:`AttentionLayer.init_attention` in ``__init__`` and checks ``form_maps`` wherever it would take a
-fast path. A subclass of a timm module puts the interface first, ``class EAAttention(AttentionLayer, Attention)``,
-calls ``init_attention`` after timm's ``__init__``, and overrides ``explicit_maps`` to clear timm's ``fused_attn``
-inside ``super().explicit_maps()`` when timm's forward takes the fused path.
+fast path. A subclass of a timm module puts the interface before timm's class (``ChainedAttention(ChainSlot,
+AttentionLayer, Attention)``), calls ``init_attention`` after timm's ``__init__``, and, if it keeps timm's fused path,
+overrides ``explicit_maps`` to clear timm's ``fused_attn`` inside ``super().explicit_maps()``.
 """
 from contextlib import ExitStack, contextmanager
 from typing import Iterator, List, Optional, Tuple
@@ -52,11 +52,9 @@ class AttentionLayer(nn.Module):
             self.form_maps = previous
 
 
-def attention_layers(model: nn.Module) -> List[Tuple[str, nn.Module]]:
-    """``(name, layer)`` of the attention layers of ``model`` in registration order: its :class:`AttentionLayer` s,
-    and timm modules that a model gave a ``logits_tap`` (EA's DeiT does this to timm's ``Attention``)."""
-    return [(name, module) for name, module in model.named_modules()
-            if isinstance(module, AttentionLayer) or isinstance(getattr(module, 'logits_tap', None), nn.Identity)]
+def attention_layers(model: nn.Module) -> List[Tuple[str, AttentionLayer]]:
+    """``(name, layer)`` of the :class:`AttentionLayer` s of ``model`` in registration order."""
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, AttentionLayer)]
 
 
 @contextmanager

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
+from .attention_interface import AttentionLayer
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
@@ -184,7 +185,7 @@ ATTENTION_PARTS = ('num_heads', 'head_dim', 'attn_dim', 'scale', 'qkv', 'q_norm'
                    'gate', 'proj', 'proj_drop')
 
 
-class ChainedAttention(ChainSlot, Attention):
+class ChainedAttention(ChainSlot, AttentionLayer, Attention):
     """timm's ViT ``Attention`` (its parameters, their names and initialisation) as a member of an EA chain.
 
     The maps are convolved and handed on (Wang et al. 2021, §3), so this layer forms its logits explicitly, class
@@ -195,8 +196,7 @@ class ChainedAttention(ChainSlot, Attention):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         check_timm_api(Attention, ('x', 'attn_mask', 'is_causal'), self, ATTENTION_PARTS)
-        self.evolve: Optional[nn.Module] = None  # an AttentionEvolution when the layer is part of an EA chain
-        self.logits_tap = nn.Identity()  # the logits that get softmaxed pass here: hook point for attention_maps
+        self.init_attention(self.num_heads)  # it always forms its maps: explicit_maps() changes nothing
 
     def forward(
             self,
