@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, NoReturn, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from .constants import CONFIG_FILE
+
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
            'non_negative_float', 'probability', 'json_object', 'model_name', 'device', 'create_model', 'add_model_args',
            'add_data_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
@@ -224,7 +226,7 @@ def _from_weights_file(path: str, name: str, kwargs: Dict[str, Any]) -> nn.Modul
 def _declared_architecture(path: str) -> Optional[str]:
     """The architecture named by the ``config.json`` beside a weights file: a staged folder's (``architecture``) or a
     run's (``model``, as ``transfer join`` writes it); None without one."""
-    config_path = os.path.join(os.path.dirname(path), 'config.json')
+    config_path = os.path.join(os.path.dirname(path), CONFIG_FILE)  # the run's RUN_CONFIG has the same name
     if not os.path.isfile(config_path):
         return None
     with open(config_path) as f:

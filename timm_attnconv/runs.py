@@ -12,7 +12,8 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn as nn
 
-__all__ = ['checkpoint_digest', 'build_model', 'read_checkpoint', 'load_weights', 'load_training_checkpoint']
+__all__ = ['checkpoint_digest', 'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch',
+           'load_training_checkpoint']
 
 
 def _hash_into(h: Any, obj: Any) -> None:
@@ -79,13 +80,21 @@ def load_weights(state: Dict[str, Any], key: str = 'model') -> nn.Module:
     return model.eval()
 
 
+def architecture_mismatch(path: str, trained: str, expected: Optional[str]) -> Optional[str]:
+    """The error for a checkpoint of ``trained`` given where ``expected`` (an architecture, tag optional) is wanted;
+    None when they match or nothing is expected."""
+    if expected is None or trained.split('.')[0] == expected.split('.')[0]:
+        return None
+    return f'{path!r} is a checkpoint of {trained}, not of {expected}: pass --model {trained}'
+
+
 def load_training_checkpoint(path: str, use_ema: bool = False, model_name: Optional[str] = None) -> nn.Module:
     """The model of a training checkpoint file (its EMA weights with ``use_ema``), in eval mode. ``model_name``: the
     architecture the caller expects; a checkpoint of another one is refused."""
     state = read_checkpoint(path)
-    trained = state['config']['model']
-    if model_name is not None and model_name.split('.')[0] != trained.split('.')[0]:
-        raise ValueError(f'{path!r} is a checkpoint of {trained}, not of {model_name}: pass --model {trained}')
+    mismatch = architecture_mismatch(path, state['config']['model'], model_name)
+    if mismatch:
+        raise ValueError(mismatch)
     try:
         return load_weights(state, 'ema' if use_ema else 'model')
     except ValueError as e:

@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--clip-grad', type=cli.positive_float, default=None, help='clip the gradient norm to this value')
     p.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3)')
     p.add_argument('--model-ema-decay', type=cli.probability, default=0.999)
-    p.add_argument('--amp', choices=('none', 'bf16', 'fp16'), default='none',
+    p.add_argument('--amp', choices=tuple(AMP_DTYPES), default='none',
                    help='autocast dtype (bf16 pays off only on CPUs with bf16 units and on GPUs)')
     p.add_argument('--channels-last', action='store_true')
     p.add_argument('--compile', action='store_true', help='torch.compile the model')

@@ -141,15 +141,15 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
 def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) -> Tuple[List[nn.Module], List[str]]:
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
     ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
-    from .runs import load_weights, read_checkpoint
+    from .runs import architecture_mismatch, load_weights, read_checkpoint
     from .train import initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')
     for path, state in states.items():
-        trained = state['config']['model']
-        if model_name and trained.split('.')[0] != model_name.split('.')[0]:
-            raise cli.UsageError(f'{path!r} is a checkpoint of {trained}, not of {model_name}: pass --model {trained}')
+        mismatch = architecture_mismatch(path, state['config']['model'], model_name)
+        if mismatch:
+            raise cli.UsageError(mismatch)
     configs = {json.dumps(s['config'], sort_keys=True) for s in states.values()}
     if 'init' in paths and len(configs) > 1:
         raise ValueError('"init" is ambiguous: the checkpoints come from runs with different settings')
