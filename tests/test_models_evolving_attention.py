@@ -146,6 +146,21 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
         torch.testing.assert_close(ea.forward_head(final), ea(x))
 
 
+def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
+    """timm's ``dynamic_img_size=True`` resamples the position embedding per input; the evolution convolutions act on
+    maps of any size, so the EA DeiT follows timm's DeiT to 160 and 96 px (14², 10², 6² patches)."""
+    kwargs = dict(depth=2, dynamic_img_size=True, evolve_residual=0., evolve_conv_weight=0.)
+    ea = timm.create_model('deit_ea_tiny_patch16_224', **kwargs).eval()
+    base = timm.create_model('deit_tiny_patch16_224', depth=2, dynamic_img_size=True).eval()
+    load_without_evolution(base, ea)
+    with torch.no_grad():
+        for size in (224, 160, 96):
+            x = torch.randn(1, 3, size, size)
+            torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+            assert [t.shape for t in ea.forward_intermediates(x, intermediates_only=True)] == \
+                [(1, 192, size // 16, size // 16)] * 2
+
+
 # eval logits (3 classes, batch 2) on the weights of _seeded_state, recorded at commit 17b4fdd, whose EA models ran
 # their own copies of timm's Bottleneck and ViT Block forwards: any later construction of them must give the same
 REFERENCE_LOGITS = [
