@@ -41,6 +41,8 @@ BAD_ARGUMENTS = [
     ('benchmark', ['--versus', 'aa_resnet50:resnet5O'], USAGE, "unknown model 'resnet5O'"),
     ('benchmark', ['--baseline-kwargs', '[1]'], USAGE, 'argument --baseline-kwargs: expected a JSON object'),
     ('benchmark', ['--device', 'gpu'], USAGE, "argument --device: 'gpu' is not a torch device"),
+    ('benchmark', ['--max-warmup', '0'], USAGE, "argument --max-warmup: expected a whole number ≥ 1, got '0'"),
+    ('benchmark', ['--amp', 'fp8'], USAGE, "argument --amp: invalid choice: 'fp8'"),
     ('benchmark', ['--versus', 'attnconv_resnet20_cifar:resnet18', '--baseline-kwargs', '{"foo": 1}', '--sizes', '8',
                    '--batch-size', '1', '--iters', '1'], USAGE, 'resnet18 does not take --baseline-kwargs {"foo": 1}'),
     ('evaluate', TINY + ['--limit', '0'], USAGE, "argument --limit: expected a whole number ≥ 1, got '0'"),

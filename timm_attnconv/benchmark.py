@@ -8,7 +8,13 @@ For every model and input size, in one process on one machine:
   ``timm.utils.reparameterize_model``.
 
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
-and the ratios (memory: peak tensor allocations of one forward pass). Run::
+and the ratios (memory: peak tensor allocations of one forward pass).
+
+Timing: each side is first run until two successive calls agree within 5% (at most ``--max-warmup`` runs), then the
+two sides of a comparison alternate, ABBA, for ``--iters`` repetitions; a ratio is the median of the per-repetition
+ratios, printed with its range, ``1.74× (1.61–1.88)``, and img/s is each side's median. Timing each side as one
+block and comparing means let a slow phase of a shared machine land on one side only (the same pair twice in one
+run read 1.60× and 1.22×). ``--amp`` and ``--compile`` apply to every timed side. Run::
 
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
@@ -21,10 +27,11 @@ test images.
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -34,12 +41,16 @@ from .constants import AMP_DTYPES
 from .data import load_cifar10, normalize
 from .layers import set_attn_path
 
-__all__ = ['compare_paths', 'main']
+__all__ = ['compare_paths', 'compare_models', 'training_throughput', 'measure', 'warm_up', 'interleaved_seconds',
+           'median_spread', 'ratio_text', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
 COMPACT_MODELS = ['*_tiny_cifar', '*resnet20_cifar']
 ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) per quadratic layer in the original
+# warm-up stops when one run's time is within 5% of the previous one's, or after MAX_WARMUP runs
+WARMUP_TOLERANCE = 0.05
+MAX_WARMUP = 8
 
 
 @contextmanager
@@ -88,24 +99,98 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@torch.no_grad()
-def _run(model: nn.Module, x: torch.Tensor, iters: int) -> Dict[str, object]:
-    model(x)  # warm-up
-    with peak_memory_mb(x.device) as peak_mb:
-        out = model(x)
-    _sync(x.device)
+def seconds_of(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall time of one call of ``fn``; on CUDA synchronized before and after, so it holds the kernels' time and not
+    only their launch."""
+    _sync(device)
     start = time.perf_counter()
-    for _ in range(iters):
-        model(x)
-    _sync(x.device)
-    seconds = (time.perf_counter() - start) / iters
-    return dict(logits=out.float().cpu(), img_s=x.shape[0] / seconds, peak_mb=peak_mb[0])
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
+Timer = Callable[[Callable[[], object], torch.device], float]
+
+
+def warm_up(fn: Callable[[], object], device: torch.device, max_runs: int = MAX_WARMUP,
+            tolerance: float = WARMUP_TOLERANCE, timer: Timer = seconds_of) -> int:
+    """Run ``fn`` until two successive timings differ by less than ``tolerance`` (relative) or ``max_runs`` runs are
+    done; returns the runs it took. Compilation, autotuning, allocator growth and CPU frequency ramps make the first
+    calls slow by a varying amount, and a fixed count of warm-up calls is either wasted or too few."""
+    previous = None
+    for run in range(1, max_runs + 1):
+        seconds = timer(fn, device)
+        if previous is not None and abs(seconds - previous) < tolerance * previous:
+            return run
+        previous = seconds
+    return max_runs
+
+
+def interleaved_seconds(sides: Sequence[Callable[[], object]], reps: int, device: torch.device,
+                        timer: Timer = seconds_of) -> List[List[float]]:
+    """``reps`` timings of every side, taken in ABBA order (A B, B A, A B, ...): a slow phase of a shared machine or
+    a clock that drifts hits both sides of a repetition alike instead of one side's whole block, and the reversal
+    cancels a linear drift over each pair of repetitions. Returns one list of seconds per side."""
+    times: List[List[float]] = [[] for _ in sides]
+    for rep in range(reps):
+        order = range(len(sides)) if rep % 2 == 0 else reversed(range(len(sides)))
+        for i in order:
+            times[i].append(timer(sides[i], device))
+    return times
+
+
+def measure(sides: Sequence[Callable[[], object]], reps: int, device: torch.device, max_warmup: int = MAX_WARMUP,
+            timer: Timer = seconds_of) -> Dict[str, object]:
+    """The timing every comparison of this tool shares: each side warmed up until its timings settle, then ``reps``
+    interleaved repetitions. ``seconds``: one list per side; ``ratio`` (two sides): the median, min and max over
+    repetitions of side 0's time over side 1's, each repetition's pair taken back to back."""
+    warmup_runs = [warm_up(fn, device, max_warmup, timer=timer) for fn in sides]
+    times = interleaved_seconds(sides, reps, device, timer)
+    result = dict(seconds=times, warmup_runs=warmup_runs)
+    if len(sides) == 2:
+        result['ratio'] = median_spread([a / b for a, b in zip(*times)])
+    return result
+
+
+def median_spread(values: Sequence[float]) -> Dict[str, float]:
+    """Median and range of per-repetition values: the median ignores a repetition hit by a burst of other work, which
+    would drag a mean, and the range shows how far one repetition can stray."""
+    return dict(median=statistics.median(values), min=min(values), max=max(values))
+
+
+def ratio_text(spread: Dict[str, float]) -> str:
+    """``1.74× (1.61–1.88)``: the median ratio and its range over repetitions."""
+    return f"{spread['median']:.2f}× ({spread['min']:.2f}–{spread['max']:.2f})"
+
+
+def _prepared(model: nn.Module, compile_model: bool) -> nn.Module:
+    return torch.compile(model) if compile_model else model
+
+
+def _inference(model: nn.Module, x: torch.Tensor, amp: Optional[torch.dtype]) -> Callable[[], torch.Tensor]:
+    def forward() -> torch.Tensor:
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+            return model(x)
+    return forward
+
+
+def _first_call(forward: Callable[[], torch.Tensor], device: torch.device) -> Dict[str, object]:
+    """Logits and peak memory of one call, after an untimed one (a compiled model compiles there, and its compiler's
+    allocations stay out of the peak)."""
+    forward()
+    with peak_memory_mb(device) as peak_mb:
+        out = forward()
+    _sync(device)
+    return dict(logits=out.float().cpu(), peak_mb=peak_mb[0])
 
 
 def compare_paths(
-        name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu', **model_kwargs,
+        name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, **model_kwargs,
 ) -> Dict[str, object]:
-    """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring."""
+    """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring.
+    ``iters`` interleaved repetitions (one forward pass each) per path; ``speedup`` is the median over repetitions of
+    the original's time over the fast path's, ``speedup_min`` / ``speedup_max`` its range."""
     import timm
     from timm.utils import reparameterize_model  # timm.models exports it only from timm 1.0.31
 
@@ -115,13 +200,17 @@ def compare_paths(
     fast = timm.create_model(name, **model_kwargs).eval().to(dev)
     fast.load_state_dict(original.state_dict())
     fast = reparameterize_model(fast, inplace=True)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    ref = _run(original, x, iters)
-    new = _run(fast, x, iters)
     position_buffers = sum(b.numel() * b.element_size() for b in fast.buffers())
+    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    sides = [_inference(_prepared(m, compile_model), x, amp) for m in (original, fast)]
+    ref, new = (_first_call(side, dev) for side in sides)
+    timing = measure(sides, iters, dev, max_warmup)
+    original_s, fast_s = (statistics.median(t) for t in timing['seconds'])
+    speedup = timing['ratio']
     return dict(
-        name=name, img_size=img_size, batch=batch_size,
-        original_img_s=ref['img_s'], fast_img_s=new['img_s'], speedup=new['img_s'] / ref['img_s'],
+        name=name, img_size=img_size, batch=batch_size, reps=iters, warmup_runs=timing['warmup_runs'],
+        original_img_s=batch_size / original_s, fast_img_s=batch_size / fast_s,
+        speedup=speedup['median'], speedup_min=speedup['min'], speedup_max=speedup['max'],
         original_peak_mb=ref['peak_mb'], fast_peak_mb=new['peak_mb'],
         memory_ratio=ref['peak_mb'] / max(new['peak_mb'], 1e-6),
         max_abs_diff=(ref['logits'] - new['logits']).abs().max().item(),
@@ -131,30 +220,38 @@ def compare_paths(
 
 def compare_models(
         name: str, baseline: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
-        baseline_kwargs: Optional[Dict[str, object]] = None,
+        baseline_kwargs: Optional[Dict[str, object]] = None, amp: Optional[torch.dtype] = None,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP,
 ) -> Dict[str, object]:
-    """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``)."""
+    """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``);
+    ``time_ratio`` is the median over ``iters`` interleaved repetitions of the model's time over the baseline's."""
     dev = torch.device(device)
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    rows = {}
-    for key, model_name, kwargs in (('model', name, {}), ('baseline', baseline, baseline_kwargs or {})):
-        rows[key] = _run(cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev), x, iters)
+    models = [cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev)
+              for model_name, kwargs in ((name, {}), (baseline, baseline_kwargs or {}))]
+    sides = [_inference(_prepared(m, compile_model), x, amp) for m in models]
+    model_row, baseline_row = (_first_call(side, dev) for side in sides)
+    timing = measure(sides, iters, dev, max_warmup)
+    model_s, baseline_s = (statistics.median(t) for t in timing['seconds'])
+    ratio = timing['ratio']
     return dict(
-        name=name, baseline=baseline, img_size=img_size, batch=batch_size,
-        img_s=rows['model']['img_s'], baseline_img_s=rows['baseline']['img_s'],
-        time_ratio=rows['baseline']['img_s'] / rows['model']['img_s'],
-        peak_mb=rows['model']['peak_mb'], baseline_peak_mb=rows['baseline']['peak_mb'],
-        memory_ratio=rows['model']['peak_mb'] / max(rows['baseline']['peak_mb'], 1e-6),
+        name=name, baseline=baseline, img_size=img_size, batch=batch_size, reps=iters,
+        warmup_runs=timing['warmup_runs'], img_s=batch_size / model_s, baseline_img_s=batch_size / baseline_s,
+        time_ratio=ratio['median'], time_ratio_min=ratio['min'], time_ratio_max=ratio['max'],
+        peak_mb=model_row['peak_mb'], baseline_peak_mb=baseline_row['peak_mb'],
+        memory_ratio=model_row['peak_mb'] / max(baseline_row['peak_mb'], 1e-6),
     )
 
 
 def training_throughput(
         name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP,
 ) -> Dict[str, object]:
-    """img/s and achieved GFLOP/s of full training steps (forward, backward, AdamW) of ``name`` at 32×32.
+    """img/s and achieved GFLOP/s of full training steps (forward, backward, AdamW) of ``name`` at 32×32: the median
+    over ``steps`` timed steps after warm-up, with the range of img/s over them.
 
-    FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one step (matrix products and convolutions of
-    forward and backward; 2 per multiply-add)."""
+    FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one eager step (matrix products and
+    convolutions of forward and backward; 2 per multiply-add)."""
     import timm
     from timm.optim import create_optimizer_v2
     from torch.utils.flop_counter import FlopCounterMode
@@ -164,24 +261,25 @@ def training_throughput(
     optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
     x = torch.randn(batch_size, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (batch_size,), device=dev)
+    forward = model  # step() reads it when called: eager for the FLOP count, then compiled if asked
 
     def step():
         with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = nn.functional.cross_entropy(forward(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
+    # counted before compiling: the counter sees the eager operators; this step also creates the optimizer state
     with FlopCounterMode(display=False) as counter:
-        step()  # also the warm-up
-    _sync(dev)
-    start = time.perf_counter()
-    for _ in range(steps):
         step()
-    _sync(dev)
-    seconds = (time.perf_counter() - start) / steps
-    return dict(name=name, batch=batch_size, img_s=batch_size / seconds,
-                gflop_s=counter.get_total_flops() / seconds / 1e9)
+    forward = _prepared(model, compile_model)
+    timing = measure([step], steps, dev, max_warmup)
+    seconds = timing['seconds'][0]
+    img_s = median_spread([batch_size / s for s in seconds])
+    return dict(name=name, batch=batch_size, reps=steps, warmup_runs=timing['warmup_runs'],
+                img_s=img_s['median'], img_s_min=img_s['min'], img_s_max=img_s['max'],
+                gflop_s=counter.get_total_flops() / statistics.median(seconds) / 1e9)
 
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
@@ -200,8 +298,9 @@ def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device:
 
 
 def _print_row(r: Dict[str, object]) -> None:
+    speed = ratio_text(dict(median=r['speedup'], min=r['speedup_min'], max=r['speedup_max']))
     print(f"{r['name']:30s} {r['img_size']:4d} {r['batch']:5d} {r['original_img_s']:9.2f} {r['fast_img_s']:9.2f} "
-          f"{r['speedup']:7.2f}x {r['original_peak_mb']:9.1f} {r['fast_peak_mb']:9.1f} {r['memory_ratio']:7.2f}x "
+          f"{speed:>19s} {r['original_peak_mb']:9.1f} {r['fast_peak_mb']:9.1f} {r['memory_ratio']:7.2f}x "
           f"{r['max_abs_diff']:10.2e} {r['buffer_bytes']:8d}", flush=True)
 
 
@@ -216,21 +315,48 @@ def _optional_model(text: str) -> str:
     return text and cli.model_name(text)  # '' skips the bf16 check
 
 
+def _header(what: str, args: argparse.Namespace) -> str:
+    """The conditions a table was measured under, printed above it: its numbers mean little without them."""
+    precision = 'fp32' if args.amp == 'none' else f'{args.amp} autocast'
+    return (f"{what}, device {args.device}, {torch.get_num_threads()} threads, {precision}, "
+            f"compile {'on' if args.compile else 'off'}, torch {torch.__version__}\n{args.iters} interleaved "
+            f"repetitions (ABBA) per side after warm-up (until two runs agree within {WARMUP_TOLERANCE:.0%}, "
+            f"at most {args.max_warmup} runs); img/s: median; ratios: median (min–max) over repetitions")
+
+
+def _options(args: argparse.Namespace) -> Dict[str, object]:
+    return dict(amp=AMP_DTYPES[args.amp], compile_model=args.compile, max_warmup=args.max_warmup)
+
+
 def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[Dict[str, object]]:
-    print(f'inference, fp32, device {args.device}, {torch.get_num_threads()} threads, torch {torch.__version__}')
-    print(f"{'model':22s} {'baseline':12s} {'px':>4s} {'batch':>5s} {'img/s':>8s} {'base img/s':>10s} {'time':>7s} "
+    print(_header('inference', args))
+    print(f"{'model':22s} {'baseline':12s} {'px':>4s} {'batch':>5s} {'img/s':>8s} {'base img/s':>10s} {'time':>19s} "
           f"{'MB':>8s} {'base MB':>8s} {'memory':>7s}")
     rows = []
     for name, baseline in pairs:
         for size in args.sizes:
             r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device,
-                               args.baseline_kwargs)
+                               args.baseline_kwargs, **_options(args))
+            time_ratio = ratio_text(dict(median=r['time_ratio'], min=r['time_ratio_min'], max=r['time_ratio_max']))
             print(f"{name:22s} {baseline:12s} {size:4d} {r['batch']:5d} {r['img_s']:8.2f} {r['baseline_img_s']:10.2f} "
-                  f"{r['time_ratio']:6.2f}x {r['peak_mb']:8.1f} {r['baseline_peak_mb']:8.1f} {r['memory_ratio']:6.2f}x",
+                  f"{time_ratio:>19s} {r['peak_mb']:8.1f} {r['baseline_peak_mb']:8.1f} {r['memory_ratio']:6.2f}x",
                   flush=True)
             rows.append(r)
     print('time: model time / baseline time per image; memory: peak tensor allocations of one forward pass, '
           'model / baseline.')
+    return rows
+
+
+def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
+    import timm_attnconv
+    names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
+    print(_header('training steps (AdamW), 32 px', args))
+    rows = []
+    for name in names:
+        row = training_throughput(name, args.batch_size or 256, args.iters, args.device, **_options(args))
+        img_s = f"{row['img_s']:.1f} ({row['img_s_min']:.1f}–{row['img_s_max']:.1f})"
+        print(f"{name:32s} batch {row['batch']:4d} {img_s:>24s} img/s {row['gflop_s']:8.1f} GFLOP/s", flush=True)
+        rows.append(row)
     return rows
 
 
@@ -242,7 +368,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--sizes', nargs='*', type=cli.positive_int, default=[32, 64, 96])
     parser.add_argument('--batch-size', type=cli.positive_int, default=None,
                         help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
-    parser.add_argument('--iters', type=cli.positive_int, default=2)
+    parser.add_argument('--iters', type=cli.positive_int, default=5,
+                        help='timed repetitions per side (interleaved ABBA with the other side); ratios are the '
+                             'median over them, with their range')
+    parser.add_argument('--max-warmup', type=cli.positive_int, default=MAX_WARMUP,
+                        help=f'at most this many warm-up runs per side (warm-up stops earlier once two successive '
+                             f'runs agree within {WARMUP_TOLERANCE:.0%})')
     cli.add_device_arg(parser)
     parser.add_argument('--threads', type=cli.positive_int, default=None,
                         help='torch CPU threads (default: torch default)')
@@ -253,7 +384,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--train', action='store_true',
                         help='instead: training-step throughput of the compact CPU-trainable models (or --models), '
                              'batch 256')
-    parser.add_argument('--amp', choices=('none', 'bf16'), default='none', help='autocast for --train')
+    parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='none',
+                        help='autocast dtype of every timed side, inference and --train (fp16 training runs without '
+                             'a gradient scaler: a speed measurement, not a recipe)')
+    parser.add_argument('--compile', action='store_true', help='torch.compile every timed model (each side alike)')
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
@@ -266,27 +400,18 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.train:
-        names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
-        amp = AMP_DTYPES[args.amp]
-        print(f'training steps (AdamW), 32 px, {args.amp}, device {args.device}, {torch.get_num_threads()} threads')
-        rows = []
-        for name in names:
-            row = training_throughput(name, args.batch_size or 256, args.iters, args.device, amp)
-            print(f"{name:32s} batch {row['batch']:4d} {row['img_s']:8.1f} img/s {row['gflop_s']:8.1f} GFLOP/s",
-                  flush=True)
-            rows.append(row)
-        return rows
+        return _train(args)
     if args.versus is not None:
         return _versus(args.versus or [('aa_resnet50', 'resnet50')], args)
     names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]
-    print(f'device {args.device}, {torch.get_num_threads()} threads, fp32, torch {torch.__version__}')
-    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>8s} "
+    print(_header('original vs fast path, inference', args))
+    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'orig img/s':>9s} {'fast img/s':>9s} {'speed':>19s} "
           f"{'orig MB':>9s} {'fast MB':>9s} {'memory':>8s} {'max|Δlogit|':>10s} {'buffers':>8s}")
     rows = []
     for name in names:
         for size in args.sizes:
             batch = args.batch_size or DEFAULT_BATCH.get(size, max(1, 64 * 32 * 32 // (size * size)))
-            row = compare_paths(name, size, batch, args.iters, args.device)
+            row = compare_paths(name, size, batch, args.iters, args.device, **_options(args))
             _print_row(row)
             rows.append(row)
     print(f'Original code also holds a {ORIGINAL_R_BUFFER_MB:.0f} MB position buffer per quadratic layer; '

@@ -1,0 +1,103 @@
+"""``python -m timm_attnconv.benchmark`` times its comparisons interleaved, after a warm-up that waits for settled
+timings, and reports median ratios with their range. Fake timers check the order and the arithmetic; nothing here
+asserts that one side is faster."""
+import re
+
+import pytest
+import torch
+
+from timm_attnconv import benchmark
+
+CPU = torch.device('cpu')
+RATIO = re.compile(r'\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)')  # median (min–max)
+
+
+def scripted_timer(seconds):
+    """A timer that runs the side and returns the next of ``seconds`` instead of a measured time."""
+    times = iter(seconds)
+
+    def timer(fn, device):
+        fn()
+        return next(times)
+    return timer
+
+
+def test_sides_alternate_abba():
+    calls = []
+    sides = [lambda: calls.append('A'), lambda: calls.append('B')]
+    times = benchmark.interleaved_seconds(sides, 4, CPU, scripted_timer(range(1, 9)))
+    assert ''.join(calls) == 'ABBAABBA'
+    assert times == [[1, 4, 5, 8], [2, 3, 6, 7]]  # each side's own timings, in repetition order
+
+
+def test_measure_warms_up_each_side_then_interleaves_and_takes_the_median_ratio():
+    calls = []
+    sides = [lambda: calls.append('A'), lambda: calls.append('B')]
+    # warm-up: A settles at its 2nd run, B at its 3rd; then repetitions A B, B A, A B
+    timer = scripted_timer([4.0, 4.0, 9.0, 2.0, 2.0] + [3.0, 1.0, 2.0, 6.0, 4.0, 1.0])
+    result = benchmark.measure(sides, 3, CPU, max_warmup=5, timer=timer)
+    assert ''.join(calls) == 'AA' + 'BBB' + 'ABBAAB'
+    assert result['warmup_runs'] == [2, 3]
+    assert result['seconds'] == [[3.0, 6.0, 4.0], [1.0, 2.0, 1.0]]
+    assert result['ratio'] == dict(median=3.0, min=3.0, max=4.0)  # per repetition: 3, 3, 4
+
+
+def test_median_spread_and_its_text():
+    spread = benchmark.median_spread([1.88, 1.61, 1.74, 1.70])
+    assert spread == dict(median=pytest.approx(1.72), min=1.61, max=1.88)
+    assert benchmark.ratio_text(dict(median=1.74, min=1.61, max=1.88)) == '1.74× (1.61–1.88)'
+
+
+def test_warm_up_stops_once_two_runs_agree():
+    runs = []
+    timer = scripted_timer([10.0, 5.0, 3.0, 2.9, 1.0, 1.0])
+    assert benchmark.warm_up(lambda: runs.append(1), CPU, max_runs=6, tolerance=0.05, timer=timer) == 4
+    assert len(runs) == 4  # 3.0 → 2.9 is within 5%
+
+
+def test_warm_up_stops_at_its_cap():
+    timer = scripted_timer([1.0, 2.0] * 10)
+    assert benchmark.warm_up(lambda: None, CPU, max_runs=5, timer=timer) == 5
+    # one run never settles against anything: the cap still holds
+    assert benchmark.warm_up(lambda: None, CPU, max_runs=1, timer=scripted_timer([1.0])) == 1
+
+
+def test_paths_row_prints_the_median_ratio_with_its_range(capsys):
+    row = dict(name='m', img_size=32, batch=2, original_img_s=1.0, fast_img_s=1.7, speedup=1.74, speedup_min=1.61,
+               speedup_max=1.88, original_peak_mb=3.0, fast_peak_mb=1.0, memory_ratio=3.0, max_abs_diff=0.0,
+               buffer_bytes=0)
+    benchmark._print_row(row)
+    assert '1.74× (1.61–1.88)' in capsys.readouterr().out
+
+
+def test_paths_end_to_end_on_cpu_with_amp(capsys):
+    rows = benchmark.main(['--models', 'sa_quadratic_tiny_cifar', '--sizes', '8', '--batch-size', '1', '--iters', '3',
+                           '--max-warmup', '2', '--device', 'cpu', '--amp', 'bf16', '--bf16-model', ''])
+    row, = rows
+    assert row['reps'] == 3 and all(1 <= n <= 2 for n in row['warmup_runs'])
+    assert row['speedup_min'] <= row['speedup'] <= row['speedup_max']
+    out = capsys.readouterr().out
+    assert 'device cpu' in out and 'bf16 autocast' in out and 'compile off' in out and torch.__version__ in out
+    assert '3 interleaved repetitions' in out
+    row_line, = [line for line in out.splitlines() if line.startswith('sa_quadratic_tiny_cifar')]
+    assert RATIO.search(row_line)
+
+
+def test_versus_and_train_end_to_end_on_cpu(capsys):
+    row, = benchmark.main(['--versus', 'sa_learned_tiny_cifar:sa_quadratic_tiny_cifar', '--sizes', '8',
+                           '--batch-size', '1', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
+    assert row['time_ratio_min'] <= row['time_ratio'] <= row['time_ratio_max'] and row['reps'] == 2
+    row, = benchmark.main(['--train', '--models', 'sa_learned_tiny_cifar', '--batch-size', '2', '--iters', '2',
+                           '--max-warmup', '2', '--device', 'cpu'])
+    assert row['img_s_min'] <= row['img_s'] <= row['img_s_max'] and row['gflop_s'] > 0
+    out = capsys.readouterr().out
+    versus_line, = [line for line in out.splitlines() if 'sa_learned_tiny_cifar  sa_quadratic_tiny_cifar' in line]
+    assert RATIO.search(versus_line)
+    assert re.search(r'\d+\.\d \(\d+\.\d–\d+\.\d\) img/s', out)
+
+
+@pytest.mark.slow
+def test_compiled_paths_on_cpu():
+    row, = benchmark.main(['--models', 'sa_quadratic_tiny_cifar', '--sizes', '8', '--batch-size', '1', '--iters', '2',
+                           '--max-warmup', '3', '--device', 'cpu', '--compile', '--bf16-model', ''])
+    assert row['max_abs_diff'] < 1e-4 and row['speedup_min'] <= row['speedup'] <= row['speedup_max']
