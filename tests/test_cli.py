@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import pkgutil
+import re
 import shutil
 import subprocess
 import sys
@@ -22,15 +23,14 @@ from timm_attnconv import cli
 from timm_attnconv.data import SAMPLES_DIR
 from timm_attnconv.pretrained import bundled_weights_dir
 
-from .test_data import DATA_DIR, needs_data
 
 SAMPLE = os.path.join(SAMPLES_DIR, '00000_cat.png')
 WEIGHTS = str(bundled_weights_dir() / 'sa_quadratic_tiny_cifar.c10' / 'model.safetensors')
 TINY = ['--model', 'sa_quadratic_tiny_cifar']
 USAGE, INPUT = 2, 1  # exit statuses: a bad argument, an input or run that cannot be used
 
-# tool ('' is the package's own __main__), argv ({tmp}: a folder of bad inputs, see `inputs`), exit status, what
-# the one error line must say
+# tool ('' is the package's own __main__), argv ({tmp}: a folder of bad inputs, see `inputs`; {cifar10}: the synthetic
+# CIFAR-10 of conftest.py), exit status, what the one error line must say
 BAD_ARGUMENTS = [
     ('', ['no_such_model'], USAGE, "unknown model 'no_such_model'"),
     ('', ['resnet50'], USAGE, 'resnet50: not a model of this package'),
@@ -110,9 +110,8 @@ BAD_ARGUMENTS = [
     ('train', ['--model', 'sa_quadratic_tiny', '--output', '{tmp}/r'], USAGE, "unknown model 'sa_quadratic_tiny'"),
     ('train', TINY, USAGE, 'the following arguments are required: --output'),
     ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{tmp}'], INPUT, 'no CIFAR-10 train data in'),
-    pytest.param('train', TINY + ['--output', '{tmp}/r', '--data-dir', DATA_DIR, '--model-kwargs', '{"depht": 2}'],
-                 USAGE, 'sa_quadratic_tiny_cifar does not take --model-kwargs {"depht": 2}',
-                 marks=needs_data),
+    ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{cifar10}', '--model-kwargs', '{"depht": 2}'], USAGE,
+     'sa_quadratic_tiny_cifar does not take --model-kwargs {"depht": 2}'),
     ('transfer', ['pack'], USAGE, "argument command: invalid choice: 'pack'"),
     ('transfer', ['export', '{tmp}', '{tmp}/out', '--start', '-1'], USAGE, 'argument --start: expected a whole '
                                                                            'number ≥ 0'),
@@ -176,12 +175,31 @@ def test_the_table_covers_every_tool():
 
 
 @pytest.mark.parametrize('tool,argv,status,message', BAD_ARGUMENTS)
-def test_a_bad_argument_gets_one_line_and_a_non_zero_exit(tool, argv, status, message, inputs, capsys):
-    code, _, err = run_tool(tool, [a.replace('{tmp}', str(inputs)) for a in argv], capsys)
+def test_a_bad_argument_gets_one_line_and_a_non_zero_exit(tool, argv, status, message, inputs, synthetic_cifar10,
+                                                           capsys):
+    argv = [a.replace('{tmp}', str(inputs)).replace('{cifar10}', synthetic_cifar10) for a in argv]
+    code, _, err = run_tool(tool, argv, capsys)
     errors = [line for line in err.splitlines() if ': error: ' in line]
     assert code == status and 'Traceback' not in err
     assert len(errors) == 1 and errors[0].startswith(cli.prog(f'timm_attnconv.{tool}'.rstrip('.')))
     assert message in errors[0]
+
+
+def _cifar10_readers():
+    sources = {tool: open(_tool_module(tool).__file__).read() for tool in _tools()}
+    return sorted(tool for tool, source in sources.items()
+                  if any(f'{reader}(' in source for reader in ('load_cifar10', 'load_test_split', 'write_image_folder')))
+
+
+def test_every_cifar10_reader_says_where_its_data_defaults_to(capsys):
+    # one help text, cli.add_data_dir_arg's: the environment variable and the folder beside the checkout
+    assert _cifar10_readers() == ['benchmark', 'evaluate', 'imagefolder', 'stage', 'theory', 'train', 'viz']
+    for tool in _cifar10_readers():
+        code, out, _ = run_tool(tool, ['--help'], capsys)
+        assert code == 0 and len(re.findall(r'^ +--data-dir DATA_DIR', out, re.MULTILINE)) == 1, tool
+        help_text = ' '.join(out.split())  # as argparse wrapped it for this terminal
+        assert '$TIMM_ATTNCONV_CIFAR10 when set, else ../shared/data/cifar10 beside the source checkout' in help_text
+        assert "'--data-dir'" not in open(_tool_module(tool).__file__).read(), f'{tool} declares its own --data-dir'
 
 
 def test_a_later_device_overrides_one_this_machine_lacks():

@@ -5,16 +5,20 @@ import numpy as np
 import pytest
 import torch
 
-from timm_attnconv.data import EpochBatches, load_cifar10, normalize, random_crop_flip
+from timm_attnconv.data import CIFAR10_DIR_ENV, EpochBatches, default_data_dir, load_cifar10, normalize, \
+    random_crop_flip
 
-DATA_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'cifar10')
-needs_data = pytest.mark.skipif(not os.path.isfile(os.path.join(DATA_DIR, 'test.npz')),
-                                reason='CIFAR-10 not found at ../shared/data/cifar10')
+from .conftest import SYNTHETIC_TEST_IMAGES, SYNTHETIC_TRAIN_IMAGES
+
+# the real files, for the tests about them alone (their order, their counts); the rest run on synthetic_cifar10
+REAL_DATA_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'shared', 'data', 'cifar10')
+needs_data = pytest.mark.skipif(not os.path.isfile(os.path.join(REAL_DATA_DIR, 'test.npz')),
+                                reason='the real CIFAR-10 not found at ../shared/data/cifar10')
 
 
 @needs_data
 def test_loads_the_official_test_split():
-    images, labels = load_cifar10(DATA_DIR, 'test')
+    images, labels = load_cifar10(REAL_DATA_DIR, 'test')
     assert images.shape == (10000, 3, 32, 32) and images.dtype == torch.uint8
     assert labels[:10].tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1]  # published first test labels
     assert torch.bincount(labels).tolist() == [1000] * 10
@@ -26,9 +30,28 @@ def test_missing_and_corrupt_files_are_named(tmp_path):
     (tmp_path / 'test.npz').write_bytes(b'not a zip file')
     with pytest.raises(ValueError, match='test.npz'):
         load_cifar10(str(tmp_path), 'test')
-    np.savez(tmp_path / 'test.npz', x=np.zeros((10, 32, 32, 3), np.uint8), y=np.zeros(10, np.int64))
-    with pytest.raises(ValueError, match='truncated or not CIFAR-10'):
-        load_cifar10(str(tmp_path), 'test')
+    for images in (np.zeros((10, 32, 32), np.uint8), np.zeros((10, 32, 32, 3), np.float32),
+                   np.zeros((0, 32, 32, 3), np.uint8)):  # no channels, not bytes, no images
+        np.savez(tmp_path / 'test.npz', x=images, y=np.zeros(len(images), np.int64))
+        with pytest.raises(ValueError, match='truncated or not CIFAR-10'):
+            load_cifar10(str(tmp_path), 'test')
+    for labels in (np.zeros(9, np.int64), np.full(10, 10)):  # one short, a class beyond 9
+        np.savez(tmp_path / 'test.npz', x=np.zeros((10, 32, 32, 3), np.uint8), y=labels)
+        with pytest.raises(ValueError, match='not 10 classes in 0..9'):
+            load_cifar10(str(tmp_path), 'test')
+    with pytest.raises(FileNotFoundError, match=CIFAR10_DIR_ENV):  # the error names both ways to point at the data
+        load_cifar10(str(tmp_path / 'elsewhere'), 'train')
+
+
+def test_a_split_of_any_size_loads_from_the_folder_of_the_environment_variable(synthetic_cifar10, monkeypatch):
+    monkeypatch.setenv(CIFAR10_DIR_ENV, synthetic_cifar10)
+    assert default_data_dir() == synthetic_cifar10
+    for split, count in (('train', SYNTHETIC_TRAIN_IMAGES), ('test', SYNTHETIC_TEST_IMAGES)):
+        images, labels = load_cifar10(split=split)
+        assert images.shape == (count, 3, 32, 32) and images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert torch.bincount(labels, minlength=10).min() >= count // 10  # every class, balanced
+    monkeypatch.delenv(CIFAR10_DIR_ENV)  # unset: the documented folder beside the checkout
+    assert os.path.normpath(default_data_dir()) == os.path.normpath(REAL_DATA_DIR)
 
 
 def test_truncated_or_bit_flipped_npz_is_named(tmp_path):
@@ -97,14 +120,13 @@ def test_normalize():
     torch.testing.assert_close(normalize(x, (0.5, 0.5, 0.5), (0.5, 0.25, 1.0))[0, :, 0, 0], torch.tensor([1., 2., .5]))
 
 
-@needs_data
-def test_image_folder_is_what_timm_datasets_read(tmp_path):
+def test_image_folder_is_what_timm_datasets_read(tmp_path, synthetic_cifar10):
     from timm.data import create_dataset
     from timm_attnconv.imagefolder import main
     main([str(tmp_path), '--split', 'train', '--classes', 'dog', 'cat', '--per-class', '3',
-          '--data-dir', DATA_DIR])
+          '--data-dir', synthetic_cifar10])
     dataset = create_dataset('', root=str(tmp_path), split='train')
-    images, labels = load_cifar10(DATA_DIR, 'train')
+    images, labels = load_cifar10(synthetic_cifar10, 'train')
     # cat (3) sorts before dog (5) whatever order was asked: timm's labels follow CIFAR-10's order
     assert [dataset[i][1] for i in range(len(dataset))] == [0, 0, 0, 1, 1, 1]
     first_cat = int(torch.nonzero(labels == 3)[0, 0])

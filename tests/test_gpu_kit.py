@@ -10,7 +10,6 @@ from timm_attnconv.runs import read_checkpoint
 from timm_attnconv.stage import _read_run
 from timm_attnconv.transfer import main as transfer_main
 
-from .test_data import DATA_DIR, needs_data
 
 KIT = os.path.join(os.path.dirname(__file__), '..', 'training', 'gpu')
 
@@ -20,9 +19,8 @@ def kit(script, *args, env):
                           timeout=600, check=True).stdout
 
 
-@needs_data
-def test_launch_status_collect_and_join(tmp_path):
-    env = dict(os.environ, RUNS=str(tmp_path / 'runs'), DATA=os.path.abspath(DATA_DIR), COMPILE='0',
+def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
+    env = dict(os.environ, RUNS=str(tmp_path / 'runs'), DATA=synthetic_cifar10, COMPILE='0',
                OUT=str(tmp_path / 'out'), OMP_NUM_THREADS='1')
     # the recipe's options, then these: a later option wins (a tiny twin of the paper-size model, on the CPU)
     started = kit('launch.sh', 'sa_learned_cifar', '--device', 'cpu', '--amp', 'none', '--epochs', '1',

@@ -10,16 +10,15 @@ from timm_attnconv.pretrained import sha256_file
 from timm_attnconv.stage import main as stage_main, training_command
 from timm_attnconv.train import main as train_main
 
-from .test_data import DATA_DIR, needs_data
+from .conftest import SYNTHETIC_TRAIN_IMAGES
 from .test_train import TINY
 
 
-@needs_data
-def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path):
+def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_cifar10):
     run = tmp_path / 'run'
-    train_main(TINY + ['--output', str(run), '--epochs', '1'])
-    result = stage_main([str(run), '--tag', 'test', '--out', str(tmp_path / 'weights'), '--data-dir', DATA_DIR,
-                         '--limit', '64', '--record', str(tmp_path / 'sha.json')])
+    train_main(TINY + ['--output', str(run), '--epochs', '1', '--data-dir', synthetic_cifar10])
+    result = stage_main([str(run), '--tag', 'test', '--out', str(tmp_path / 'weights'), '--data-dir',
+                         synthetic_cifar10, '--limit', '64', '--record', str(tmp_path / 'sha.json')])
     folder = tmp_path / 'weights' / 'sa_quadratic_cifar.test'
     assert sorted(p.name for p in folder.iterdir()) == [
         'README.md', 'config.json', 'model.safetensors', 'training_curves.png', 'training_log.jsonl']
@@ -41,20 +40,19 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path):
     assert model.num_classes == 10
 
 
+def test_a_run_on_a_small_data_set_counts_its_epochs_in_its_own_steps(tmp_path, synthetic_cifar10):
+    # no --train-limit: an epoch is as many steps as the folder's images make, not the 50,000 of the real split
+    from timm_attnconv.stage import _read_run
+    limit = TINY.index('--train-limit')
+    args = TINY[:limit] + TINY[limit + 2:] + ['--data-dir', synthetic_cifar10, '--output', str(tmp_path)]
+    steps_per_epoch = SYNTHETIC_TRAIN_IMAGES // int(args[args.index('--batch-size') + 1])
+    train_main(args + ['--max-steps', str(steps_per_epoch * 3 // 2)])  # stopped half way through epoch 2
+    assert _read_run(str(tmp_path))['epochs_done'] == 1.5
+
+
 def test_stage_needs_a_training_run(tmp_path):
     with pytest.raises(FileNotFoundError, match='no training checkpoint'):
         stage_main([str(tmp_path), '--tag', 'x'])
-
-
-@pytest.fixture(scope='module')
-def synthetic_cifar(tmp_path_factory):
-    """A folder with a test.npz of CIFAR-10's shape and random content: staging mechanics need no real data."""
-    import numpy as np
-    folder = tmp_path_factory.mktemp('cifar')
-    rng = np.random.default_rng(0)
-    np.savez(folder / 'test.npz', x=rng.integers(0, 256, (10_000, 32, 32, 3), dtype=np.uint8),
-             y=rng.integers(0, 10, 10_000))
-    return str(folder)
 
 
 def _weights_only_run(folder, model_kwargs):
@@ -73,11 +71,11 @@ def _weights_only_run(folder, model_kwargs):
     return model
 
 
-def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar):
+def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar10):
     kwargs = dict(depth=2, num_heads=3)  # not the registered architecture: config.json must say so
     source = _weights_only_run(tmp_path / 'run', kwargs)
     result = stage_main([str(tmp_path / 'run'), '--tag', 'gpu', '--out', str(tmp_path / 'weights'), '--data-dir',
-                         synthetic_cifar, '--limit', '32', '--record', str(tmp_path / 'sha.json'), '--dtype',
+                         synthetic_cifar10, '--limit', '32', '--record', str(tmp_path / 'sha.json'), '--dtype',
                          'float16', '--hardware', 'one test GPU', '--extra-train-args', '--amp bf16'])
     folder = tmp_path / 'weights' / 'sa_quadratic_tiny_cifar.gpu'
     assert result['weights'] == 'EMA weights' and result['stored_dtype'] == 'float16'
@@ -99,10 +97,10 @@ def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_
     assert 'learning rate was 0.000333, 33.3% of its peak 0.001' in card
 
 
-def test_a_folder_that_is_no_run_is_refused_with_what_a_run_holds(tmp_path, synthetic_cifar):
+def test_a_folder_that_is_no_run_is_refused_with_what_a_run_holds(tmp_path, synthetic_cifar10):
     (tmp_path / 'ema.safetensors').write_bytes(b'')
     with pytest.raises(FileNotFoundError, match='config.json'):
-        stage_main([str(tmp_path), '--tag', 'x', '--data-dir', synthetic_cifar])
+        stage_main([str(tmp_path), '--tag', 'x', '--data-dir', synthetic_cifar10])
 
 
 class _SignOfRedMinusGreen(torch.nn.Module):
@@ -121,11 +119,11 @@ class _SignOfRedMinusGreen(torch.nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-def test_storage_dtype_is_chosen_by_measurement(synthetic_cifar):
+def test_storage_dtype_is_chosen_by_measurement(synthetic_cifar10):
     from timm_attnconv.data import load_cifar10
     from timm_attnconv.evaluate import predict_logits
     from timm_attnconv.stage import choose_storage_dtype, round_weights
-    images, labels = load_cifar10(synthetic_cifar, 'test')
+    images, labels = load_cifar10(synthetic_cifar10, 'test')
     images, labels = images[:64], labels[:64]
     model = _SignOfRedMinusGreen()
     logits = predict_logits(model, images, progress=False)

@@ -1,5 +1,6 @@
-"""Training runs end to end on a tiny slice of CIFAR-10, stops cleanly, resumes exactly, and loses no good work: not
-to a kill at any moment, a diverging loss, a second run on the same folder or an altered checkpoint."""
+"""Training runs end to end on a tiny slice of CIFAR-10 (the synthetic set of conftest.py), stops cleanly, resumes
+exactly, and loses no good work: not to a kill at any moment, a diverging loss, a second run on the same folder or an
+altered checkpoint."""
 import json
 import os
 import subprocess
@@ -14,11 +15,12 @@ from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
 from timm_attnconv.train import main as train_main
 
-from .test_data import DATA_DIR, needs_data
+# every test here reads the synthetic CIFAR-10 as the default data folder: TINY names none
+pytestmark = pytest.mark.usefixtures('synthetic_cifar10_as_default')
 
 TINY = ['--model', 'sa_quadratic_cifar', '--model-kwargs',
         json.dumps(dict(embed_dim=16, depth=2, mlp_dim=16, num_heads=3, proj_drop_rate=0.1, attn_drop_rate=0.)),
-        '--data-dir', DATA_DIR, '--train-limit', '96', '--eval-limit', '50', '--batch-size', '32', '--epochs', '2',
+        '--train-limit', '96', '--eval-limit', '50', '--batch-size', '32', '--epochs', '2',
         '--model-ema', '--warmup-epochs', '1']
 TIMING = ('train_img_s', 'epoch_seconds')  # the only log fields that may differ between two runs of one command
 
@@ -44,7 +46,7 @@ def assert_same_run(a, b):
 
 
 @pytest.fixture(scope='module')
-def whole(tmp_path_factory):
+def whole(tmp_path_factory, synthetic_cifar10_as_default):
     """An uninterrupted TINY run: what every interrupted one must end as."""
     run = tmp_path_factory.mktemp('whole')
     result = train_main(TINY + ['--output', str(run)])
@@ -52,7 +54,6 @@ def whole(tmp_path_factory):
     return run
 
 
-@needs_data
 def test_interrupted_run_resumes_exactly(tmp_path, whole):
     log = strict_log(whole)
     assert [e['epoch'] for e in log] == [1, 2] and 0 <= log[-1]['test_top1'] <= 100
@@ -63,7 +64,6 @@ def test_interrupted_run_resumes_exactly(tmp_path, whole):
     assert strict_log(tmp_path) == log
 
 
-@needs_data
 @pytest.mark.parametrize('point', ['after the checkpoint, before the log', 'before the checkpoint rename'])
 def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, monkeypatch, point):
     with monkeypatch.context() as m:
@@ -87,7 +87,6 @@ def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, mo
     assert strict_log(tmp_path) == strict_log(whole)
 
 
-@needs_data
 def test_a_diverging_run_stops_before_it_saves(tmp_path):
     # one step per epoch: epoch 1 warms up from a tiny lr, epoch 2 steps with lr 1e6 and its test loss turns NaN
     args = TINY + ['--output', str(tmp_path), '--train-limit', '32', '--epochs', '3', '--lr', '1e6']
@@ -102,7 +101,6 @@ def test_a_diverging_run_stops_before_it_saves(tmp_path):
     assert (tmp_path / 'last.pth.tar').read_bytes() == before
 
 
-@needs_data
 def test_one_run_per_output_folder(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_EX); '
@@ -118,7 +116,6 @@ def test_one_run_per_output_folder(tmp_path):
     assert train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])['stopped']
 
 
-@needs_data
 def test_an_altered_checkpoint_is_refused(tmp_path):
     train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])
     path = tmp_path / 'last.pth.tar'
@@ -133,7 +130,6 @@ def test_an_altered_checkpoint_is_refused(tmp_path):
         load_training_checkpoint(str(path))
 
 
-@needs_data
 def test_a_checkpoint_from_before_digests_loads_and_resumes(tmp_path, whole):
     # written by the trainer as it was before checkpoints carried a digest, their log and the newer options
     train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])
@@ -158,17 +154,17 @@ def test_a_checkpoint_from_before_digests_loads_and_resumes(tmp_path, whole):
     assert strict_log(tmp_path) == strict_log(whole)  # epoch 1's line came from the old log.jsonl
 
 
-@needs_data
-def test_resume_with_other_settings_is_refused(tmp_path):
+def test_resume_with_other_settings_is_refused(tmp_path, synthetic_cifar10):
     run = tmp_path / 'run'
     train_main(TINY + ['--output', str(run), '--max-steps', '1'])
     other_images, same_images = tmp_path / 'other', tmp_path / 'same'
     for folder in (other_images, same_images):
         folder.mkdir()
-        (folder / 'test.npz').symlink_to(os.path.abspath(os.path.join(DATA_DIR, 'test.npz')))
-    (same_images / 'train.npz').symlink_to(os.path.abspath(os.path.join(DATA_DIR, 'train.npz')))
-    np.savez_compressed(other_images / 'train.npz', x=np.zeros((50_000, 32, 32, 3), np.uint8),
-                        y=np.zeros(50_000, np.int64))
+        (folder / 'test.npz').symlink_to(os.path.join(synthetic_cifar10, 'test.npz'))
+    (same_images / 'train.npz').symlink_to(os.path.join(synthetic_cifar10, 'train.npz'))
+    train_images = np.load(os.path.join(synthetic_cifar10, 'train.npz'))['x'].shape[0]
+    np.savez_compressed(other_images / 'train.npz', x=np.zeros((train_images, 32, 32, 3), np.uint8),
+                        y=np.zeros(train_images, np.int64))  # as many images, other pixels and labels
     for change, message in [(['--lr', '0.1'], 'lr: checkpoint 0.002 vs now 0.1'),
                             (['--clip-grad', '1'], 'clip_grad: checkpoint None vs now 1.0'),
                             (['--amp', 'bf16'], "amp: checkpoint 'none' vs now 'bf16'"),
@@ -180,35 +176,33 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     assert train_main(TINY + ['--output', str(run), '--data-dir', str(same_images), '--max-steps', '2'])['stopped']
 
 
-@needs_data
-def test_evaluate_a_training_checkpoint(tmp_path, capsys):
+def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):
     train_main(TINY + ['--output', str(tmp_path), '--epochs', '1'])
     model = load_training_checkpoint(str(tmp_path / 'last.pth.tar'), use_ema=True)
     assert model.num_classes == 10
     result = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
-                                '--data-dir', DATA_DIR, '--limit', '50', '--json', str(tmp_path / 'eval.json')])
+                                '--data-dir', synthetic_cifar10, '--limit', '50',
+                                '--json', str(tmp_path / 'eval.json')])
     assert result['images'] == 50 and json.load(open(tmp_path / 'eval.json'))['top1'] == result['top1']
     with pytest.raises(ValueError, match='is a checkpoint of sa_quadratic_cifar, not of aa_resnet20_cifar: pass '
                                          '--model sa_quadratic_cifar'):
         evaluate_cli.main(['--model', 'aa_resnet20_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
-                           '--data-dir', DATA_DIR, '--limit', '50'])
+                           '--data-dir', synthetic_cifar10, '--limit', '50'])
 
 
-@needs_data
-def test_evaluate_a_weights_file():
+def test_evaluate_a_weights_file(synthetic_cifar10):
     from timm_attnconv.pretrained import bundled_weights_dir
     weights = bundled_weights_dir() / 'sa_quadratic_tiny_cifar.c10' / 'model.safetensors'
-    common = ['--model', 'sa_quadratic_tiny_cifar', '--data-dir', DATA_DIR, '--limit', '20']
+    common = ['--model', 'sa_quadratic_tiny_cifar', '--data-dir', synthetic_cifar10, '--limit', '20']
     assert evaluate_cli.main(common + ['--checkpoint', str(weights)]) == evaluate_cli.main(common + ['--pretrained'])
     with pytest.raises(ValueError, match='--ema needs a training checkpoint'):
         evaluate_cli.main(common + ['--checkpoint', str(weights), '--ema'])
 
 
-@needs_data
 def test_init_from_pretrained_weights(tmp_path):
     # the shipped positional model warm-starts the content model; the run records it, and it is part of the config
     args = ['--model', 'sa_learned_content_tiny_cifar', '--init-from', 'sa_learned_tiny_cifar.c10',
-            '--data-dir', DATA_DIR, '--train-limit', '8', '--eval-limit', '8', '--batch-size', '8', '--epochs', '1',
+            '--train-limit', '8', '--eval-limit', '8', '--batch-size', '8', '--epochs', '1',
             '--output', str(tmp_path), '--max-steps', '1', '--lr', '0']
     train_main(args)
     state = torch.load(tmp_path / 'last.pth.tar', weights_only=True)
@@ -224,7 +218,6 @@ def test_init_from_pretrained_weights(tmp_path):
         train_main(args[:2] + args[4:])
 
 
-@needs_data
 def test_eval_every_and_eval_ema_choose_the_tested_epochs_only(tmp_path, whole):
     # a test reads the weights and draws no random number: testing fewer epochs trains the same weights
     assert 'ema_test_top1' not in strict_log(whole)[0] and 'ema_test_top1' in strict_log(whole)[1]
@@ -242,7 +235,6 @@ def test_eval_every_and_eval_ema_choose_the_tested_epochs_only(tmp_path, whole):
         [], ['ema_test_top1', 'test_top1'], ['ema_test_top1', 'test_top1']]
 
 
-@needs_data
 def test_a_step_waits_for_the_device_only_every_log_interval(tmp_path, monkeypatch):
     # on a GPU, reading a tensor's value makes the host wait for all queued work, and copying one from the host
     # (pageable memory) waits too: count what the trainer's own code does while the epochs' batches are drawn
@@ -276,7 +268,6 @@ def test_a_step_waits_for_the_device_only_every_log_interval(tmp_path, monkeypat
     assert [c[:2] for c in calls if c[0] == 'to'] == [('to', 'timm_attnconv.data')] * 8
 
 
-@needs_data
 @pytest.mark.parametrize('log_interval', ['1', '100'])
 def test_a_diverging_loss_stops_at_the_next_check_or_save(tmp_path, log_interval):
     # the first step at lr 1e6 (no warm-up) wrecks the weights; the loss check or, between checks, the save sees it
@@ -288,7 +279,6 @@ def test_a_diverging_loss_stops_at_the_next_check_or_save(tmp_path, log_interval
     assert not (tmp_path / 'last.pth.tar').exists()
 
 
-@needs_data
 @pytest.mark.slow
 def test_a_compiled_run_resumes_exactly(tmp_path):
     # torch.compile draws its dropout masks from torch's RNG too (CPU C++ compiler; minutes on 2 cores)
@@ -315,7 +305,6 @@ def torchrun(args, processes=2):
     return done
 
 
-@needs_data
 def test_torchrun_processes_train_what_one_process_does(tmp_path):
     # --batch-size is global: 2 processes of 16 images a step compute the steps of one process with 32. Without
     # dropout (LayerNorm is per image) they differ by float rounding only
@@ -337,7 +326,6 @@ def test_torchrun_processes_train_what_one_process_does(tmp_path):
         train_main(args + ['--output', str(tmp_path / 'ddp'), '--epochs', '2'])
 
 
-@needs_data
 @pytest.mark.slow
 def test_an_interrupted_torchrun_run_resumes_exactly(tmp_path):
     # with dropout: every process's RNG stream and its share of the epoch's loss come back from the checkpoint

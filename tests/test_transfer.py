@@ -13,12 +13,14 @@ from timm_attnconv.stage import _read_run
 from timm_attnconv.train import main as train_main
 from timm_attnconv.transfer import export, join, main as transfer_main
 
-from .test_data import needs_data
 from .test_train import TINY
+
+# every run here trains on the synthetic CIFAR-10 as the default data folder: TINY names none
+pytestmark = pytest.mark.usefixtures('synthetic_cifar10_as_default')
 
 
 @pytest.fixture(scope='module')
-def run(tmp_path_factory):
+def run(tmp_path_factory, synthetic_cifar10_as_default):
     folder = tmp_path_factory.mktemp('run')
     train_main(TINY + ['--output', str(folder), '--epochs', '1'])
     return folder
@@ -34,7 +36,6 @@ def export_calls(run, tmp_path, **limits):
     return calls
 
 
-@needs_data
 def test_a_run_exported_in_parts_joins_into_a_folder_stage_reads(run, tmp_path):
     # parts of 4 KiB, at most 5 files and 20,000 bytes a call: the tiny run needs several calls
     calls = export_calls(run, tmp_path, part_bytes=4096, max_files=5, max_bytes=20_000)
@@ -60,7 +61,6 @@ def test_a_run_exported_in_parts_joins_into_a_folder_stage_reads(run, tmp_path):
         assert data == save(weights) and digests[f'{key}.safetensors'] == hashlib.sha256(data).hexdigest()
 
 
-@needs_data
 def test_damaged_or_mixed_parts_are_refused(run, tmp_path):
     calls = export_calls(run, tmp_path, part_bytes=4096, max_files=5, max_bytes=20_000)
     part = next(calls[0].glob('*.part00'))
@@ -77,7 +77,6 @@ def test_damaged_or_mixed_parts_are_refused(run, tmp_path):
     assert not (tmp_path / 'joined').exists()
 
 
-@needs_data
 def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, tmp_path, capsys):
     # the tiny run fits one call of the device tool: one export writes every part
     transfer_main(['export', str(run), str(tmp_path / 'out' / 'run')])

@@ -7,8 +7,6 @@ from PIL import Image
 
 from timm_attnconv.viz import main, plot_attention, plot_centers
 
-from .test_data import needs_data
-
 
 def _pixels(path):
     return np.asarray(Image.open(path).convert('L'), dtype=np.float32)
@@ -43,7 +41,7 @@ def test_cli_and_refusals(tmp_path):
                        (4, 4), str(tmp_path / 'z.png'))
 
 
-@needs_data
+@pytest.mark.usefixtures('synthetic_cifar10_as_default')  # the data test_train.TINY trains on
 def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
     from timm_attnconv.runs import load_training_checkpoint
     from timm_attnconv.train import main as train_main

@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from . import cli
 from .constants import AMP_DTYPES
-from .data import load_cifar10, normalize
+from .data import default_data_dir, load_cifar10, normalize
 from .layers import set_attn_path
 
 __all__ = ['compare_paths', 'compare_models', 'training_throughput', 'measure', 'warm_up', 'interleaved_seconds',
@@ -294,7 +294,7 @@ def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device:
         ref = model(x).argmax(-1)
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
             low = model(x).argmax(-1)
-    return dict(name=name, images=num_images, pretrained=pretrained, agreement=(ref == low).float().mean().item())
+    return dict(name=name, images=x.shape[0], pretrained=pretrained, agreement=(ref == low).float().mean().item())
 
 
 def _print_row(r: Dict[str, object]) -> None:
@@ -377,8 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     cli.add_device_arg(parser)
     parser.add_argument('--threads', type=cli.positive_int, default=None,
                         help='torch CPU threads (default: torch default)')
-    parser.add_argument('--data-dir', default=os.path.join('..', 'shared', 'data', 'cifar10'),
-                        help='CIFAR-10 npz folder for the bf16 check (skipped if absent)')
+    cli.add_data_dir_arg(parser, use=', for the bf16 check (skipped if absent)')
     parser.add_argument('--bf16-model', type=_optional_model, default='sa_quadratic_cifar',
                         help='model for the bf16 check ("" to skip)')
     parser.add_argument('--train', action='store_true',
@@ -416,8 +415,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
             rows.append(row)
     print(f'Original code also holds a {ORIGINAL_R_BUFFER_MB:.0f} MB position buffer per quadratic layer; '
           f'"buffers" is what the fast model holds, in bytes.')
-    if args.bf16_model and os.path.exists(os.path.join(args.data_dir, 'test.npz')):
-        r = bf16_top1_agreement(args.bf16_model, args.data_dir, args.bf16_images, device=args.device)
+    data_dir = args.data_dir or default_data_dir()
+    if args.bf16_model and os.path.exists(os.path.join(data_dir, 'test.npz')):
+        r = bf16_top1_agreement(args.bf16_model, data_dir, args.bf16_images, device=args.device)
         weights = 'pretrained' if r['pretrained'] else 'random-init, no weights yet'
         print(f"bf16 autocast vs fp32 top-1 agreement, {r['name']} ({weights}), {r['images']} CIFAR-10 test "
               f"images: {100 * r['agreement']:.1f}%")

@@ -27,7 +27,7 @@ from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
            'non_negative_float', 'probability', 'json_object', 'model_name', 'device', 'create_model', 'add_model_args',
-           'add_data_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
+           'add_data_dir_arg', 'add_data_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -168,8 +168,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--ema', action='store_true', help='the EMA weights of a training --checkpoint')
 
 
+def add_data_dir_arg(parser: argparse.ArgumentParser, files: str = 'test.npz', use: str = '') -> None:
+    """``--data-dir``, one help text for every tool that reads CIFAR-10: what the folder holds and where it defaults
+    to. ``files``: the npz files this tool reads; ``use``: what the tool reads them for, when that needs saying."""
+    from .data import CIFAR10_DIR_ENV
+    parser.add_argument('--data-dir', default=None,
+                        help=f'CIFAR-10 folder with {files} (any number of images) or cifar-10-batches-py{use}; '
+                             f'default ${CIFAR10_DIR_ENV} when set, else ../shared/data/cifar10 beside the source '
+                             f'checkout')
+
+
 def add_data_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
+    add_data_dir_arg(parser)
     parser.add_argument('--limit', type=positive_int, default=None, help='first N test images only')
     parser.add_argument('--batch-size', type=positive_int, default=500)
 

@@ -19,14 +19,20 @@ import torch
 
 from .constants import CIFAR10_CLASSES
 
-__all__ = ['CIFAR10_CLASSES', 'SAMPLES_DIR', 'load_cifar10', 'write_samples', 'write_image_folder', 'load_samples',
-           'normalize', 'crop_flip_draws', 'crop_flip', 'random_crop_flip', 'EpochBatches']
+__all__ = ['CIFAR10_CLASSES', 'CIFAR10_DIR_ENV', 'SAMPLES_DIR', 'default_data_dir', 'load_cifar10', 'write_samples',
+           'write_image_folder', 'load_samples', 'normalize', 'crop_flip_draws', 'crop_flip', 'random_crop_flip',
+           'EpochBatches']
 
-SPLIT_SIZES = {'train': 50_000, 'test': 10_000}
+SPLITS = ('train', 'test')
+# the folder every tool reads when no --data-dir is given; unset, ../shared/data/cifar10 beside the source checkout
+CIFAR10_DIR_ENV = 'TIMM_ATTNCONV_CIFAR10'
 SAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'samples')
 
 
-def _default_data_dir() -> str:
+def default_data_dir() -> str:
+    """``$TIMM_ATTNCONV_CIFAR10`` when set, else ``../shared/data/cifar10`` beside the source checkout."""
+    if os.environ.get(CIFAR10_DIR_ENV):
+        return os.environ[CIFAR10_DIR_ENV]
     here = os.path.dirname(os.path.abspath(__file__))
     return os.path.join(os.path.dirname(here), '..', 'shared', 'data', 'cifar10')
 
@@ -35,12 +41,13 @@ def load_cifar10(data_dir: Optional[str] = None, split: str = 'train') -> Tuple[
     """``(images, labels)``: uint8 ``(N, 3, 32, 32)`` RGB and int64 ``(N,)`` in the official order.
 
     ``data_dir`` holds ``train.npz`` / ``test.npz``, or is (or contains) torchvision's ``cifar-10-batches-py``.
-    Defaults to ``../shared/data/cifar10`` beside a source checkout. Missing or malformed files raise
+    Defaults to :func:`default_data_dir`. A split may hold any number of images, so a subset (or the small synthetic
+    set the tests write) loads as the full 50,000 / 10,000 do. Missing or malformed files raise
     ``FileNotFoundError`` / ``ValueError`` naming the file and what was expected.
     """
-    if split not in SPLIT_SIZES:
+    if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    data_dir = os.path.normpath(data_dir or _default_data_dir())
+    data_dir = os.path.normpath(data_dir or default_data_dir())
     npz = os.path.join(data_dir, f'{split}.npz')
     if os.path.isfile(npz):
         images, labels = _read_npz(npz)
@@ -49,13 +56,15 @@ def load_cifar10(data_dir: Optional[str] = None, split: str = 'train') -> Tuple[
     else:
         raise FileNotFoundError(
             f'no CIFAR-10 {split} data in {data_dir!r}: expected {split}.npz (arrays x uint8 (N,32,32,3), y int64) '
-            f'or torchvision\'s cifar-10-batches-py folder; pass --data-dir pointing at one of them')
-    expected = SPLIT_SIZES[split]
-    if images.shape != (expected, 32, 32, 3) or images.dtype != np.uint8:
+            f'or torchvision\'s cifar-10-batches-py folder; pass --data-dir pointing at one of them, or set '
+            f'{CIFAR10_DIR_ENV} to it')
+    if images.ndim != 4 or images.shape[0] == 0 or images.shape[1:] != (32, 32, 3) or images.dtype != np.uint8:
         raise ValueError(f'{split} images in {data_dir!r} have shape {images.shape} dtype {images.dtype}; '
-                         f'expected ({expected}, 32, 32, 3) uint8: the file is truncated or not CIFAR-10')
-    if labels.shape != (expected,) or labels.min() < 0 or labels.max() > 9:
-        raise ValueError(f'{split} labels in {data_dir!r} are not {expected} classes in 0..9: the file is corrupt')
+                         f'expected (N, 32, 32, 3) uint8 with N > 0: the file is truncated or not CIFAR-10')
+    count = images.shape[0]
+    if labels.shape != (count,) or labels.min() < 0 or labels.max() > 9:
+        raise ValueError(f'{split} labels in {data_dir!r} are not {count} classes in 0..9 (one per image, shape '
+                         f'{labels.shape}): the file is corrupt')
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.astype(np.int64))
 
 

@@ -7,7 +7,7 @@ import os
 from typing import List, Optional, Sequence
 
 from . import cli
-from .data import SPLIT_SIZES, write_image_folder
+from .data import SPLITS, write_image_folder
 
 __all__ = ['main']
 
@@ -15,11 +15,11 @@ __all__ = ['main']
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     parser = cli.parser(__spec__.name, __doc__.split('\n')[0])
     parser.add_argument('out_dir')
-    parser.add_argument('--split', choices=sorted(SPLIT_SIZES), default='test')
+    parser.add_argument('--split', choices=sorted(SPLITS), default='test')
     parser.add_argument('--classes', nargs='+', default=None, metavar='NAME', help='a subset of the classes, by name')
     parser.add_argument('--per-class', type=cli.positive_int, default=None, metavar='N',
                         help='the first N images of each class')
-    parser.add_argument('--data-dir', default=None, help='train.npz / test.npz folder (default ../shared/data/cifar10)')
+    cli.add_data_dir_arg(parser, 'train.npz / test.npz')
     args = parser.parse_args(argv)
     paths = write_image_folder(args.out_dir, args.split, args.classes, args.per_class, args.data_dir)
     print(f'wrote {len(paths)} images under {os.path.dirname(os.path.dirname(paths[0]))}')

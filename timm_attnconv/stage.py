@@ -7,12 +7,13 @@ A run is the ``--output`` folder of ``python -m timm_attnconv.train``: either it
 ``last.pth.tar``, or, for a run whose optimizer state was not kept, its weights as ``model.safetensors`` and / or
 ``ema.safetensors`` beside the ``config.json`` the trainer recorded; ``log.jsonl`` in both cases.
 
-Evaluates the run's weights (and its EMA, with ``--weights auto`` the better of the two on the test set) on the 10,000
-CIFAR-10 test images and picks the stored dtype by measurement (``--dtype auto``: the first of float16 / bfloat16 whose
-rounded weights keep top-1 within 0.05 points and the top-1 prediction of at least 99.9% of the images, else
-float32; loads cast to the model's dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's
-model kwargs, so that it rebuilds the model as trained) and ``model.safetensors``; and beside them a model card
-``README.md`` with Hugging Face metadata and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
+Evaluates the run's weights (and its EMA, with ``--weights auto`` the better of the two on the test set) on every
+CIFAR-10 test image of ``--data-dir`` (10,000 in the official split; ``--limit`` takes the first N) and picks the
+stored dtype by measurement (``--dtype auto``: the first of float16 / bfloat16 whose rounded weights keep top-1 within
+0.05 points and the top-1 prediction of at least 99.9% of the images, else float32; loads cast to the model's
+dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's model kwargs, so that it rebuilds the
+model as trained) and ``model.safetensors``; and beside them a model card ``README.md`` with Hugging Face metadata
+and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
 The sha256 of every file of the folder goes to ``timm_attnconv/weights_sha256.json``, which loads check.
 """
 import argparse
@@ -204,6 +205,16 @@ def _storage_note(storage: Dict[str, Any]) -> str:
     return '\n'.join(lines)
 
 
+def _steps_per_epoch(state: Dict[str, Any]) -> int:
+    """The steps of one epoch of a checkpoint's run. The config records no image count (a split may hold any
+    number), so finished epochs tell it; a run stopped in its first epoch falls back to ``--train-limit`` or the
+    50,000 images of the full training split."""
+    if state['epoch'] > 0:
+        return (state['global_step'] - state['step_in_epoch']) // state['epoch']
+    config = state['config']
+    return (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last batch
+
+
 def _read_run(run_dir: str) -> Dict[str, Any]:
     """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
     checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
@@ -215,7 +226,7 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     if os.path.isfile(ckpt):
         state = read_checkpoint(ckpt)  # digest-checked
         config = state['config']
-        steps_per_epoch = (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last
+        steps_per_epoch = _steps_per_epoch(state)
         return dict(config=config, model=state.get('model'), ema=state.get('ema'), resumable=True, log=log,
                     epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch))
     weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_FILES.items()
@@ -399,7 +410,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--extra-train-args', default='',
                         help="training options the run used that its config does not record, for the card's command")
     parser.add_argument('--out', default='weights', help='folder of Hub-layout weight folders')
-    parser.add_argument('--data-dir', default=None, help='folder with test.npz or cifar-10-batches-py')
+    cli.add_data_dir_arg(parser)
     parser.add_argument('--limit', type=cli.positive_int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
     args = parser.parse_args(argv)

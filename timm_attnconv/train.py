@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
                    help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) or .safetensors file '
                         'instead of a random init; a model of another layout must support it '
                         '(SelfAttentionNet.init_from)')
-    p.add_argument('--data-dir', default=None, help='folder with train.npz / test.npz or cifar-10-batches-py')
+    cli.add_data_dir_arg(p, 'train.npz / test.npz')
     p.add_argument('--output', required=True, help='run folder: checkpoint, log.jsonl')
     p.add_argument('--epochs', type=cli.positive_int, default=30)
     p.add_argument('--batch-size', type=cli.positive_int, default=128)

@@ -196,7 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     picture.add_argument('--image', default=None, help='an image file (attention); default: the first test image')
     picture.add_argument('--average', type=cli.positive_int, default=None,
                          help='average over the first N CIFAR-10 test images (attention)')
-    parser.add_argument('--data-dir', default=None)
+    cli.add_data_dir_arg(parser)
     parser.add_argument('--query', type=cli.non_negative_int, nargs=2, default=(16, 16), metavar=('ROW', 'COL'),
                         help='query pixel (attention), inside the input image')
     parser.add_argument('--out', required=True, help='PNG file to write')

@@ -5,7 +5,8 @@
 #   call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
 # - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
 #   and sha256 that receive-cifar10.sh checks on the other side.
-# Usage: training/gpu/prepare.sh [--restore]; CIFAR10_DIR (default ../shared/data/cifar10) holds the npz files.
+# Usage: training/gpu/prepare.sh [--restore]; CIFAR10_DIR (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10)
+# holds the npz files.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 aside=$(git rev-parse --git-dir)/gpu-aside
@@ -14,7 +15,7 @@ if [ "${1:-}" = --restore ]; then
   [ ! -e weights ] || { echo "weights/ exists: move it away or compare it with $aside/weights first" >&2; exit 1; }
   mv "$aside/weights" weights && echo "weights/ restored"; exit 0
 fi
-src=${CIFAR10_DIR:-../shared/data/cifar10}
+src=${CIFAR10_DIR:-${TIMM_ATTNCONV_CIFAR10:-../shared/data/cifar10}}
 [ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] || { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
 if [ -d weights ]; then
   [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
