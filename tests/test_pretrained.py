@@ -41,7 +41,7 @@ def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
 
 @pytest.mark.parametrize('name', PRETRAINED)
 def test_pretrained_loads_the_bundled_file(name):
-    model = timm.create_model(name.split('.')[0], pretrained=True)  # the default tag
+    model = timm.create_model(name, pretrained=True)
     shipped = load_file(WEIGHTS / name / WEIGHTS_FILE)
     stored_dtype = json.loads((WEIGHTS / name / 'config.json').read_text()).get('weights_dtype', 'float32')
     assert {str(v.dtype) for v in shipped.values() if v.is_floating_point()} == {f'torch.{stored_dtype}'}
@@ -101,7 +101,7 @@ def _truncate(path: Path) -> None:
 def test_a_changed_weights_file_is_refused_before_loading(tmp_path, monkeypatch, mutate, name):
     monkeypatch.setenv('TIMM_ATTNCONV_WEIGHTS_DIR', str(_tampered_copy(tmp_path, name, mutate)))
     with pytest.raises(ValueError, match='sha256.*truncated, corrupt'):
-        timm.create_model(name.split('.')[0], pretrained=True)
+        timm.create_model(name, pretrained=True)
 
 
 def test_weights_dir_override_and_hub_only_mode(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ def test_whole_network_conversion_keeps_the_predictions():
 def test_a_trained_cnn_keeps_its_predictions_on_the_bundled_test_images():
     # the shipped 2-epoch ResNet-20 on the 20 CIFAR-10 test images of the package: runs without the full test set
     images, labels, _ = load_samples()
-    model = timm.create_model('attnconv_resnet20_cifar', pretrained=True)
+    model = timm.create_model('attnconv_resnet20_cifar.c10_2ep', pretrained=True)
     before = predict_logits(model, images, progress=False)
     assert convert_convs(model) == 19
     after = predict_logits(model, images, progress=False)
@@ -67,8 +67,8 @@ def test_a_trained_cnn_keeps_its_test_accuracy_exactly(capsys, synthetic_cifar10
     # the shipped 2-epoch ResNet-20 (71.48% on all 10,000 real images); 250 images keep CI fast. On the synthetic
     # images its accuracy means nothing, but the conversion must still keep every prediction
     data_dir = REAL_DATA_DIR if data == 'real' else synthetic_cifar10
-    result = main(['--model', 'attnconv_resnet20_cifar', '--pretrained', '--data-dir', data_dir, '--limit', '250',
-                   '--batch-size', '125'])
+    result = main(['--model', 'attnconv_resnet20_cifar.c10_2ep', '--pretrained', '--data-dir', data_dir,
+                   '--limit', '250', '--batch-size', '125'])
     assert result['converted_convs'] == 19 and result['images'] == 250
     if data == 'real':
         assert result['convolution']['top1'] > 50  # trained, not random

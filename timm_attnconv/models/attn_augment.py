@@ -321,7 +321,12 @@ default_cfgs = generate_default_cfgs({
     'aa_wide_resnet28_10_cifar': _cifar_cfg(
         'paper Table 1: 81.6% CIFAR-100 top-1, 36.2M params, 10.9 GFLOPs; this layout gives 36.05M',
         num_classes=100),
-    'aa_resnet20_cifar': _cifar_cfg('not in the paper: compact CIFAR-10 twin for CPU training'),
+    'aa_resnet20_cifar.c10': _cifar_cfg(
+        'not in the paper: compact CIFAR-10 twin; c10: 100 SGD epochs on one H100, the recipe of '
+        'attnconv_resnet20_cifar.c10', hf_hub_id=hub_id('aa_resnet20_cifar.c10')),
+    'attnconv_resnet20_cifar.c10': _cifar_cfg(
+        'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10: 100 SGD epochs on one H100, the '
+        'recipe of aa_resnet20_cifar.c10', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10')),
     'attnconv_resnet20_cifar.c10_2ep': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_2ep: a 2-epoch CPU schedule (the '
         'trained CNN that Theorem 1 converts), not a converged baseline',
