@@ -373,7 +373,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                              'median over them, with their range')
     parser.add_argument('--max-warmup', type=cli.positive_int, default=MAX_WARMUP,
                         help=f'at most this many warm-up runs per side (warm-up stops earlier once two successive '
-                             f'runs agree within {WARMUP_TOLERANCE:.0%})')
+                             f'runs agree within {100 * WARMUP_TOLERANCE:g}%%)')  # %% : argparse formats help
     cli.add_device_arg(parser)
     parser.add_argument('--threads', type=cli.positive_int, default=None,
                         help='torch CPU threads (default: torch default)')
