@@ -216,8 +216,12 @@ def test_bf16_autocast_keeps_predictions():
 
 
 def test_pretrained_without_weights_is_an_error():
+    with_weights = {name.split('.')[0] for name in timm_attnconv.list_models('sa_*', pretrained=True)}
+    without = sorted(set(timm_attnconv.list_models('sa_*')) - with_weights)
+    if not without:
+        pytest.skip('every SA model has weights')
     with pytest.raises(RuntimeError, match='has no pretrained weights yet'):
-        timm.create_model('sa_learned_cifar', pretrained=True)
+        timm.create_model(without[0], pretrained=True)
 
 
 def test_forward_intermediates_nhwc():
