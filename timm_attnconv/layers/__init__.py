@@ -7,6 +7,6 @@ from .position_scores import (
     per_query_axis_terms, position_term)
 from .positional_attention import ATTN_PATHS, PositionalSelfAttention, set_attn_path
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length
-from .relative_attention import (
+from .attention_kernels import (
     ATTN_KERNELS, check_attn_kernel, choose_kernel, flex_unsupported_reason, relative_attention, relative_bias,
     relative_logits, set_attn_kernel)

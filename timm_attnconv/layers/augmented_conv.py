@@ -21,7 +21,7 @@ from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_f
 
 from .attention_interface import AttentionLayer
 from .relative import rel_logits_2d
-from .relative_attention import check_attn_kernel, choose_kernel, relative_attention, relative_logits
+from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['AAConv2d', 'aa_dims']
 

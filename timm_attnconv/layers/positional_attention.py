@@ -20,7 +20,7 @@ from timm.layers import register_notrace_module, use_fused_attn
 
 from .attention_interface import AttentionLayer
 from .position_scores import position_term
-from .relative_attention import check_attn_kernel, choose_kernel, relative_attention, relative_logits
+from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'set_attn_path']
 
