@@ -10,8 +10,9 @@ from timm_attnconv.layers import (
     relative_logits, set_attn_kernel)
 from timm_attnconv.data import load_samples, normalize
 
+from .kernels import TOL
+
 GRIDS = [(4, 4), (3, 5)]
-TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def _inputs(grid, batch=2, heads=3, dim=5, value_dim=2, shared_terms=False, requires_grad=False):

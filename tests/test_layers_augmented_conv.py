@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from timm_attnconv.layers import AAConv2d, aa_dims
 
+from .kernels import TOL, assert_sdpa_matches_explicit
+
 
 def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
     """Loops over batch, head and query pixel; every index spelled out (catches head-split and reshape bugs)."""
@@ -76,22 +78,11 @@ def test_matches_the_naive_per_head_per_position_reference(stride, attn_pool, si
 def test_kernels_agree_with_the_explicit_maps_forward_and_gradients(stride, attn_pool, size, rel_pos, eager_flex):
     layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=size,
                      attn_pool=attn_pool, rel_pos=rel_pos)
-    x = torch.randn(2, 6, *size, requires_grad=True)
-    inputs = [x] + list(layer.parameters())
-
-    def forward_and_grads(kernel):
-        layer.attn_kernel = kernel
-        out = layer(x)
-        return out, torch.autograd.grad(out, inputs, torch.ones_like(out))
-
-    ref, ref_grads = forward_and_grads('explicit')
-    out, grads = forward_and_grads('sdpa')
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for grad, ref_grad in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-5)
+    x = torch.randn(2, 6, *size)
+    ref = assert_sdpa_matches_explicit(layer, x)
     layer.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x), ref, **TOL)
 
 
 def test_relative_logits_shared_by_heads_and_grid_sizes_run():

@@ -4,6 +4,8 @@ import torch
 
 from timm_attnconv.layers import POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores
 
+from .kernels import TOL, assert_sdpa_matches_explicit
+
 HEIGHT, WIDTH = 4, 6
 
 
@@ -85,26 +87,15 @@ def test_fused_and_explicit_content_attention_agree():
 @pytest.mark.parametrize('grid', [(4, 4), (3, 5)])
 def test_content_kernels_agree_with_the_explicit_maps_forward_and_gradients(position, grid, eager_flex):
     attn = PositionalSelfAttention(8, 3, position=position, content=True)
-    x = torch.randn(2, *grid, 8, requires_grad=True)
-    inputs = [x] + list(attn.parameters())
-
-    def forward_and_grads(kernel):
-        attn.attn_kernel = kernel
-        out = attn(x)
-        return out, torch.autograd.grad(out, inputs, torch.ones_like(out), allow_unused=True)
-
-    ref, ref_grads = forward_and_grads('explicit')
-    out, grads = forward_and_grads('sdpa')
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for grad, ref_grad in zip(grads, ref_grads):
-        torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-5)
+    x = torch.randn(2, *grid, 8)
+    ref = assert_sdpa_matches_explicit(attn, x)
     attn.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
     with torch.no_grad():
         if position == 'quadratic_gen':  # a row-column cross term: only a dense bias, which flex does not take
             with pytest.raises(ValueError, match='no row\\+column form'):
                 attn(x)
         else:
-            torch.testing.assert_close(attn(x), ref, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(attn(x), ref, **TOL)
 
 
 def test_query_relative_needs_content():
