@@ -195,6 +195,12 @@ def choose_kernel(
     forced ``'flex'`` cannot run here (the reason of :func:`flex_unsupported_reason`, and what to use instead)."""
     if requested == 'explicit' or requested == 'sdpa':
         return requested
+    if requested == 'auto':
+        if not torch.jit.is_scripting():
+            if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+                return 'explicit'  # the reference maths, which every exporter lowers
+        if q.device.type == 'cpu':
+            return cpu_kernel
     if torch.jit.is_scripting():
         reason: Optional[str] = 'TorchScript cannot compile FlexAttention'
     else:
@@ -204,11 +210,6 @@ def choose_kernel(
             raise ValueError(f"attn_kernel='flex' cannot run here: {reason}. Use attn_kernel='auto' (it takes a "
                              f"kernel that can run), 'sdpa' or 'explicit'.")
         return 'flex'
-    if not torch.jit.is_scripting():
-        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-            return 'explicit'  # the reference maths, which every exporter lowers
-    if q.device.type == 'cpu':
-        return cpu_kernel
     return 'flex' if reason is None else 'sdpa'
 
 
