@@ -398,14 +398,14 @@ def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[
 def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
     kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
     print(_header('attention kernels, inference', args))
-    print(f"{'model':26s} {'px':>4s} {'batch':>5s} {'kernel':8s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
+    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'kernel':8s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
             for r in compare_kernels(name, size, args.batch_size or 8, kernels, args.iters, args.device,
                                      **_options(args)):
-                head = f"{name:26s} {r['img_size']:4d} {r['batch']:5d} {r['kernel']:8s}"
+                head = f"{name:30s} {r['img_size']:4d} {r['batch']:5d} {r['kernel']:8s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
                 else:
