@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from timm_attnconv import evaluate as evaluate_cli, train as train_module
+from timm_attnconv import evaluate as evaluate_cli, runs, train as train_module
 from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
 from timm_attnconv.train import main as train_main
@@ -70,7 +70,7 @@ def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, mo
         if point.startswith('after'):  # epoch 1's checkpoint is in place, its log line not yet written
             def kill(*args):
                 raise Killed
-            m.setattr(train_module, '_write_log', kill)
+            m.setattr(runs, 'write_log', kill)
         else:  # epoch 2's checkpoint is written to its temporary file, not yet renamed over epoch 1's
             renames, replace = [], os.replace
 
@@ -79,7 +79,7 @@ def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, mo
                 if renames.count(dst) == 2 and dst.endswith('last.pth.tar'):
                     raise Killed
                 replace(src, dst)
-            m.setattr(train_module.os, 'replace', kill)
+            m.setattr(runs.os, 'replace', kill)
         with pytest.raises(Killed):
             train_main(TINY + ['--output', str(tmp_path)])
     train_main(TINY + ['--output', str(tmp_path)])

@@ -37,7 +37,7 @@ import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, fields
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -47,7 +47,7 @@ from . import cli
 from .constants import AMP_DTYPES, CHECKPOINT, LOG
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
-from .runs import checkpoint_digest, read_checkpoint
+from .runs import logged_epochs, read_checkpoint, save_checkpoint, write_log
 from .train_config import RUNTIME_KEYS, TrainConfig, check_resumable, initial_model, option_default
 
 __all__ = ['TrainConfig', 'train', 'main']
@@ -109,34 +109,6 @@ def _exclusive(output: str) -> Iterator[None]:
         f.write(f'{os.getpid()}\n')
         f.flush()
         yield
-
-
-def _atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` through a temporary file, synced to disk, then renamed over it: a reader, or a run killed at any
-    moment, sees the old file or the new one, never a part of either."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_log(entries: List[Dict[str, Any]], path: str) -> None:
-    """``log.jsonl`` as the checkpoint records it: one strict-JSON line (no NaN) per finished epoch."""
-    text = ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in entries)
-    _atomic_write(path, lambda f: f.write(text.encode()))
-
-
-def _logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
-    """The log entries of the epochs a checkpoint has finished: its own record or, for a checkpoint written before it
-    carried one, those lines of ``log.jsonl``."""
-    if 'log' in state:
-        return state['log']
-    if not os.path.isfile(log_path):
-        return []
-    with open(log_path) as f:
-        return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
 
 
 def _data_digest(images: torch.Tensor, labels: torch.Tensor) -> str:
@@ -320,7 +292,7 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
             raise FileExistsError(f'{ckpt_path!r} exists and --no-resume was given')
         state = read_checkpoint(ckpt_path)
         check_resumable(state['config'], run_config, ckpt_path)
-        log = _logged_epochs(state, log_path)
+        log = logged_epochs(state, log_path)
         problem = _non_finite(dict(state, log=log))
         if problem:  # saved by a trainer from before the divergence check
             raise FloatingPointError(f'{ckpt_path!r} holds {problem}: it was saved after the run diverged; '
@@ -338,7 +310,7 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
         epoch, step_in_epoch, global_step = state['epoch'], state['step_in_epoch'], state['global_step']
         loss_images = state.get('loss_images', 0)
         if rank == 0:
-            _write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
+            write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
             _note_runtime_change(state.get('runtime'), runtime)
             print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
     elif os.path.isfile(log_path):
@@ -363,9 +335,7 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
             scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
             processes=processes, runtime=runtime, log=log)
         _refuse_non_finite(state, when, ckpt_path)
-        state['sha256'] = checkpoint_digest(state)
-        _atomic_write(ckpt_path, lambda f: torch.save(state, f))
-        _write_log(log, log_path)  # after the checkpoint, which holds the log: a kill in between loses no line
+        save_checkpoint(config.output, state)
 
     def progress(stop_requested: bool) -> Tuple[float, bool]:
         """The epoch's mean training loss so far, over all processes, and whether any process was asked to stop. The
