@@ -179,7 +179,7 @@ def device(text: str) -> str:
 
 
 def missing_device(name: str) -> Optional[str]:
-    """What is wrong with a torch device that this machine lacks (a CUDA device torch does not see); None if it has it."""
+    """What is wrong with a device this machine lacks (a CUDA device torch does not see); None if it has it."""
     chosen = torch.device(name)
     if chosen.type == 'cuda' and (chosen.index or 0) >= torch.cuda.device_count():
         return (f'{name}: torch sees {torch.cuda.device_count()} CUDA device(s) here; pass --device cpu, or auto (cuda '
