@@ -18,7 +18,8 @@ import torch.nn as nn
 from . import cli
 from .constants import AMP_DTYPES
 
-__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'check_resumable', 'initial_model']
+__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'option_default', 'check_resumable',
+           'initial_model']
 
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
 # test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
