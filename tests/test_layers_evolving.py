@@ -106,3 +106,7 @@ def test_the_update_runs_in_the_dtype_of_the_maps_under_autocast(conv_weight):
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
     assert ea(s, prev).is_contiguous()  # the layout the softmax over keys wants, whatever the convolution ran in
+    scripted = torch.jit.script(ea)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        # TorchScript ignores the autocast switch: its conv runs in bf16, the result still comes back as fp32 maps
+        torch.testing.assert_close(scripted(s, prev), reference, rtol=0.05, atol=0.05)

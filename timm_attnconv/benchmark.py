@@ -45,8 +45,8 @@ from .constants import AMP_DTYPES
 from .data import default_data_dir, load_cifar10, normalize
 from .layers import PositionalSelfAttention, resolve_attn_path, set_attn_path
 
-__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'training_throughput', 'measure', 'warm_up', 'interleaved_seconds',
-           'median_spread', 'ratio_text', 'main']
+__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'training_throughput', 'measure', 'warm_up',
+           'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s

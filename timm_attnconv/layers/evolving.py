@@ -61,7 +61,8 @@ class AttentionEvolution(nn.Module):
             raise ValueError(f'this evolving-attention layer expects the previous layer\'s logits of shape '
                              f'{list(logits.shape)} but got {got}: thread the chain state through the model\'s '
                              f'forward (layers are linked for the default input size)')
-        # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add)
+        # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
+        # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
         mixed = torch.lerp(logits, prev.to(logits.dtype), self.evolve_residual)
         # few channels on a large N×N image: channels_last convolution measured 2.6× faster on CPU (BENCHMARK.md)
         mixed = mixed.contiguous(memory_format=torch.channels_last)
@@ -75,7 +76,8 @@ class AttentionEvolution(nn.Module):
         # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
         # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
         if torch.jit.is_scripting():
-            return self.conv(maps)  # TorchScript needs a constant autocast device and runs without autocast anyway
+            # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
+            return self.conv(maps).to(maps.dtype)
         bias = self.conv.bias.to(maps.dtype) if self.conv.bias is not None else None
         with torch.autocast(maps.device.type, enabled=False):
             return F.conv2d(maps, self.conv.weight.to(maps.dtype), bias, padding=self.conv.padding)
