@@ -191,10 +191,12 @@ def test_set_attn_path_forces_a_separable_form_only_where_exact():
 
 
 @pytest.mark.parametrize('path', EXACT_PATHS + ('auto',))
-def test_every_path_scripts_and_exports(path):
+def test_every_path_scripts_exports_and_compiles(path):
     attn = PositionalSelfAttention(8, 3, position='learned', attn_path=path).eval()
     x = torch.randn(2, HEIGHT, WIDTH, 8)
     with torch.no_grad():
         expected = attn(x)
         torch.testing.assert_close(torch.jit.script(attn)(x), expected)
         torch.testing.assert_close(torch.export.export(attn, (x,)).module()(x), expected)
+        # the path is chosen from x's device and grid inside forward: one graph, no break
+        torch.testing.assert_close(torch.compile(attn, backend='eager', fullgraph=True)(x), expected)
