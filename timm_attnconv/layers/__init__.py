@@ -5,5 +5,6 @@ from .evolving import AttentionEvolution, ChainedAAConv2d, ChainedAttention, Cha
 from .position_scores import (
     POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
     position_term)
-from .positional_attention import ATTN_PATHS, PositionalSelfAttention, set_attn_path
+from .positional_attention import (
+    ATTN_PATHS, PositionalSelfAttention, auto_path_rule, resolve_attn_path, set_attn_path)
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length
