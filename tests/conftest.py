@@ -1,4 +1,5 @@
 import os
+import warnings
 
 # keep any accidental hub access local and quick; set before timm / huggingface_hub are imported
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
@@ -11,6 +12,7 @@ import torch  # noqa: E402
 
 import timm_attnconv  # noqa: E402,F401  (registers the models before collection)
 from timm_attnconv.data import CIFAR10_DIR_ENV  # noqa: E402
+from timm_attnconv.layers import attention_kernels  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -22,6 +24,18 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """The ``'flex'`` kernel with FlexAttention's eager form in place of its compiled one: the same ``score_mod``,
+    padding and slicing through torch's unfused reference of the kernel, without a C++ compile per shape (about 20 s
+    each on the 2-core CI machine). ``test_layers_attention_kernels`` compiles it once (slow)."""
+    from torch.nn.attention.flex_attention import flex_attention
+    monkeypatch.setattr(attention_kernels, '_compiled_flex_attention', lambda: flex_attention)
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='flex_attention called without torch.compile')
+        yield
 
 
 SYNTHETIC_TRAIN_IMAGES, SYNTHETIC_TEST_IMAGES = 512, 256

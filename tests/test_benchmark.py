@@ -115,3 +115,27 @@ def test_compiled_paths_on_cpu():
     row, = benchmark.main(['--models', 'sa_quadratic_tiny_cifar', '--sizes', '8', '--batch-size', '1', '--iters', '2',
                            '--max-warmup', '3', '--device', 'cpu', '--compile', '--bf16-model', ''])
     assert row['max_abs_diff'] < 1e-4 and row['speedup_min'] <= row['speedup'] <= row['speedup_max']
+
+
+def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
+    rows = benchmark.main(['--kernels', '--models', 'aa_resnet20_cifar', 'sa_learned_content_tiny_cifar',
+                           '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
+    assert [(r['name'], r['kernel']) for r in rows] == [
+        (name, kernel) for name in ('aa_resnet20_cifar', 'sa_learned_content_tiny_cifar')
+        for kernel in ('explicit', 'sdpa', 'flex')]
+    for row in rows:
+        assert row['speed_min'] <= row['speed'] <= row['speed_max'] and row['max_abs_diff'] < 1e-4
+    assert all(r['speed'] == 1.0 for r in rows if r['kernel'] == 'explicit')  # the reference against itself
+    out = capsys.readouterr().out
+    flex_line, = [line for line in out.splitlines() if line.startswith('aa_resnet20_cifar') and ' flex ' in line]
+    assert RATIO.search(flex_line)
+
+
+def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys):
+    from timm_attnconv.layers import attention_kernels
+    monkeypatch.setattr(attention_kernels, 'flex_unsupported_reason', lambda *args: 'no kernel for this test')
+    rows = benchmark.main(['--kernels', 'sdpa', 'flex', '--models', 'aa_resnet20_cifar', '--sizes', '8',
+                           '--batch-size', '1', '--iters', '1', '--max-warmup', '1', '--device', 'cpu'])
+    assert rows[0]['kernel'] == 'sdpa' and rows[0]['img_s'] > 0
+    assert 'no kernel for this test' in rows[1]['error']
+    assert 'flex     cannot run: ' in capsys.readouterr().out

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from timm_attnconv.layers import AAConv2d, aa_dims
 
+from .kernels import TOL, assert_sdpa_matches_explicit
+
 
 def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
     """Loops over batch, head and query pixel; every index spelled out (catches head-split and reshape bugs)."""
@@ -60,20 +62,27 @@ def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize('stride,attn_pool,size,upsilon', [
     (1, False, (3, 4), 0.5), (2, False, (5, 7), 0.5), (1, True, (5, 6), 0.5), (1, False, (4, 3), 1.0)])
-@pytest.mark.parametrize('fused', [False, True])
-def test_matches_the_naive_per_head_per_position_reference(stride, attn_pool, size, upsilon, fused):
+@pytest.mark.parametrize('kernel', ['auto', 'sdpa', 'flex'])  # flex and SDPA: the kernels the layer takes on GPUs
+def test_matches_the_naive_per_head_per_position_reference(stride, attn_pool, size, upsilon, kernel, eager_flex):
     layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=upsilon, min_dim_head_qk=3, attn_grid=size,
-                     attn_pool=attn_pool, qkv_bias=True, proj_bias=True).eval()
+                     attn_pool=attn_pool, qkv_bias=True, proj_bias=True, attn_kernel=kernel).eval()
     for p in (layer.qkv.bias, layer.proj.bias):
         torch.nn.init.normal_(p)
     x = torch.randn(2, 6, *size)
     with torch.no_grad():
-        if fused:  # the SDPA path the layer takes on GPUs, run on CPU
-            q, k, v, grid = layer._qkv(x)
-            out = layer._output(x, layer._heads_fused(q, k, v, grid), grid)
-        else:
-            out = layer(x)
-        torch.testing.assert_close(out, _naive_aa(layer, x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(layer(x), _naive_aa(layer, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('stride,attn_pool,size', [(1, False, (4, 4)), (1, False, (3, 5)), (2, True, (9, 11))])
+@pytest.mark.parametrize('rel_pos', [True, False])
+def test_kernels_agree_with_the_explicit_maps_forward_and_gradients(stride, attn_pool, size, rel_pos, eager_flex):
+    layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=size,
+                     attn_pool=attn_pool, rel_pos=rel_pos)
+    x = torch.randn(2, 6, *size)
+    ref = assert_sdpa_matches_explicit(layer, x)
+    layer.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), ref, **TOL)
 
 
 def test_relative_logits_shared_by_heads_and_grid_sizes_run():

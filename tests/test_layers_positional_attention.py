@@ -6,6 +6,8 @@ from timm_attnconv.layers import (
     POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path, set_attn_path)
 from timm_attnconv.layers import positional_attention
 
+from .kernels import TOL, assert_sdpa_matches_explicit
+
 HEIGHT, WIDTH = 4, 6
 
 
@@ -81,6 +83,21 @@ def test_fused_and_explicit_content_attention_agree():
         fused = attn(x)
         attn.fused_attn = False
         torch.testing.assert_close(fused, attn(x))
+
+
+@pytest.mark.parametrize('position', ['query_relative', 'learned', 'quadratic', 'quadratic_gen'])
+@pytest.mark.parametrize('grid', [(4, 4), (3, 5)])
+def test_content_kernels_agree_with_the_explicit_maps_forward_and_gradients(position, grid, eager_flex):
+    attn = PositionalSelfAttention(8, 3, position=position, content=True)
+    x = torch.randn(2, *grid, 8)
+    ref = assert_sdpa_matches_explicit(attn, x)
+    attn.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
+    with torch.no_grad():
+        if position == 'quadratic_gen':  # a row-column cross term: only a dense bias, which flex does not take
+            with pytest.raises(ValueError, match='no row\\+column form'):
+                attn(x)
+        else:
+            torch.testing.assert_close(attn(x), ref, **TOL)
 
 
 def test_query_relative_needs_content():

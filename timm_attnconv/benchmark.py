@@ -24,6 +24,13 @@ run read 1.60× and 1.22×). ``--amp`` and ``--compile`` apply to every timed si
     python -m timm_attnconv.benchmark --paths --device cuda --amp bf16 --sizes 32 64 96   # the 'auto' crossover
     python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
     python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
+    python -m timm_attnconv.benchmark --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 256 \
+        --device cuda                 # attention kernels explicit / sdpa / flex, each model at its default size
+
+``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
+:mod:`timm_attnconv.layers.attention_kernels`) on one model's weights: img/s, speed over the first kernel named,
+peak memory and ``max |Δ logits|``; a kernel that cannot run on the device (FlexAttention without a CPU backward, a
+dtype it lacks) is listed with the reason instead.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -43,10 +50,10 @@ import torch.nn as nn
 from . import cli
 from .constants import AMP_DTYPES
 from .data import default_data_dir, load_cifar10, normalize
-from .layers import PositionalSelfAttention, resolve_attn_path, set_attn_path
+from .layers import ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path
 
-__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'training_throughput', 'measure', 'warm_up',
-           'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
+__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_kernels', 'training_throughput', 'measure',
+           'warm_up', 'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
@@ -285,6 +292,47 @@ def compare_models(
     )
 
 
+def compare_kernels(
+        name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
+        device: str = 'cpu', amp: Optional[torch.dtype] = None, compile_model: bool = False,
+        max_warmup: int = MAX_WARMUP,
+) -> List[Dict[str, object]]:
+    """Inference of ``name`` with each attention kernel of ``kernels`` (the same weights), interleaved: one row per
+    kernel with img/s, ``speed`` = the first kernel's time over this one's (median and range over repetitions), peak
+    memory of one forward pass and ``max_abs_diff`` of the logits against the first kernel's. A kernel that cannot
+    run here gives a row with its ``error`` instead. ``img_size`` None: the model's default input size."""
+    import copy
+
+    import timm
+
+    dev = torch.device(device)
+    model = timm.create_model(name).eval().to(dev)
+    img_size = img_size or model.pretrained_cfg['input_size'][-1]
+    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    rows, sides, firsts = [], [], []
+    for kernel in kernels:
+        side = _inference(_prepared(set_attn_kernel(copy.deepcopy(model), kernel), compile_model), x, amp)
+        row = dict(name=name, img_size=img_size, batch=batch_size, kernel=kernel, reps=iters)
+        try:
+            firsts.append(_first_call(side, dev))
+        except ValueError as error:  # a forced kernel that cannot run on this device or dtype says why
+            rows.append(dict(row, error=str(error)))
+            continue
+        rows.append(row)
+        sides.append(side)
+    timed = [row for row in rows if 'error' not in row]
+    if not timed:
+        return rows
+    timing = measure(sides, iters, dev, max_warmup)
+    first_seconds = timing['seconds'][0]
+    for row, seconds, first, warmup in zip(timed, timing['seconds'], firsts, timing['warmup_runs']):
+        speed = median_spread([a / b for a, b in zip(first_seconds, seconds)])
+        row.update(warmup_runs=warmup, img_s=batch_size / statistics.median(seconds), speed=speed['median'],
+                   speed_min=speed['min'], speed_max=speed['max'], peak_mb=first['peak_mb'],
+                   max_abs_diff=(first['logits'] - firsts[0]['logits']).abs().max().item())
+    return rows
+
+
 def training_throughput(
         name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP,
@@ -418,6 +466,29 @@ def _paths(args: argparse.Namespace) -> List[Dict[str, object]]:
     return rows
 
 
+def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
+    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+    print(_header('attention kernels, inference', args))
+    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'kernel':8s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
+          f"{'max|Δlogit|':>11s}")
+    rows = []
+    for name in args.models:
+        for size in args.sizes or [None]:  # None: the model's default input size
+            for r in compare_kernels(name, size, args.batch_size or 8, kernels, args.iters, args.device,
+                                     **_options(args)):
+                head = f"{name:30s} {r['img_size']:4d} {r['batch']:5d} {r['kernel']:8s}"
+                if 'error' in r:
+                    print(f"{head} cannot run: {r['error']}", flush=True)
+                else:
+                    speed = ratio_text(dict(median=r['speed'], min=r['speed_min'], max=r['speed_max']))
+                    print(f"{head} {r['img_s']:9.2f} {speed:>19s} {r['peak_mb']:9.1f} {r['max_abs_diff']:11.2e}",
+                          flush=True)
+                rows.append(r)
+    print(f'speed: {kernels[0]} time / this kernel\'s time; peak MB: tensor allocations of one forward pass; '
+          f'max|Δlogit|: against {kernels[0]}.')
+    return rows
+
+
 def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     import timm_attnconv
     names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
@@ -436,7 +507,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='*', type=cli.model_name, default=None,
                         help='default: every paper-size model of the SA family')
-    parser.add_argument('--sizes', nargs='*', type=cli.positive_int, default=[32, 64, 96])
+    parser.add_argument('--sizes', nargs='*', type=cli.positive_int, default=None,
+                        help='input sizes (default: 32 64 96; with --kernels each model\'s default size)')
     parser.add_argument('--batch-size', type=cli.positive_int, default=None,
                         help='default: 64 / 8 / 2 for 32 / 64 / 96 px')
     parser.add_argument('--iters', type=cli.positive_int, default=5,
@@ -465,6 +537,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
+    parser.add_argument('--kernels', nargs='*', choices=[k for k in ATTN_KERNELS if k != 'auto'], default=None,
+                        help='instead: inference of --models with each attention kernel (default: explicit sdpa '
+                             'flex; speed is relative to the first)')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
@@ -475,6 +550,12 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         torch.set_num_threads(args.threads)
     if args.train:
         return _train(args)
+    if args.kernels is not None:
+        if not args.models:
+            parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
+        return _kernels(args)
+    if args.sizes is None:
+        args.sizes = [32, 64, 96]
     if args.paths:
         return _paths(args)
     if args.versus is not None:

@@ -4,7 +4,10 @@ from .augmented_conv import AAConv2d, aa_dims
 from .evolving import AttentionEvolution, ChainedAAConv2d, ChainedAttention, ChainSlot, EvolvingChain, link_chain
 from .position_scores import (
     POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
-    position_term)
+    per_query_axis_terms, position_term)
 from .positional_attention import (
     ATTN_PATHS, PositionalSelfAttention, auto_path_rule, resolve_attn_path, set_attn_path)
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length
+from .attention_kernels import (
+    ATTN_KERNELS, check_attn_kernel, choose_kernel, flex_unsupported_reason, relative_attention, relative_bias,
+    relative_logits, set_attn_kernel)

@@ -21,6 +21,7 @@ from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_f
 
 from .attention_interface import AttentionLayer
 from .relative import rel_logits_2d
+from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['AAConv2d', 'aa_dims']
 
@@ -64,6 +65,11 @@ class AAConv2d(AttentionLayer):
         rel_pos: add the 2-D relative logits (the paper's "Relative" row of Table 7; off gives "None").
         qkv_bias, proj_bias: biases of the 1×1 convolutions (the appendix code's TF defaults have them).
         resize_tables: interpolate relative tables for grids larger than ``attn_grid`` (else ``ValueError``).
+        attn_kernel: how the attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`: ``'explicit'``
+            (the ``(hw)²`` logits in place, the reference), ``'sdpa'`` (the relative logits as SDPA's additive mask),
+            ``'flex'`` (FlexAttention adds them inside the kernel: no ``(hw)²`` tensor) or ``'auto'`` (default:
+            ``'flex'`` on CUDA where it can run, else ``'sdpa'``; ``'explicit'`` on CPU, measured faster there, and
+            wherever timm's fused attention is switched off). All agree to float rounding.
 
     A stride-2 layer average-pools the attention input (3×3, stride 2, padding 1, padding not counted) so that the
     attention runs at the output resolution: the paper is silent on strided AA layers, so they reuse the pooling it
@@ -86,6 +92,7 @@ class AAConv2d(AttentionLayer):
             qkv_bias: bool = True,
             proj_bias: bool = True,
             resize_tables: bool = True,
+            attn_kernel: str = 'auto',
             device=None,
             dtype=None,
     ):
@@ -104,6 +111,7 @@ class AAConv2d(AttentionLayer):
         self.attn_grid = to_2tuple(attn_grid)
         self.resize_tables = resize_tables
         self.fused_attn = use_fused_attn()
+        self.attn_kernel = check_attn_kernel(attn_kernel)
 
         conv_chs = out_chs - self.dim_v
         self.conv = nn.Conv2d(in_chs, conv_chs, kernel_size, stride, kernel_size // 2, bias=False, **dd) \
@@ -143,21 +151,19 @@ class AAConv2d(AttentionLayer):
         v = v.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
         return q, k, v, (height, width)
 
-    def _relative_terms(self, q: torch.Tensor, grid: Tuple[int, int]):
+    def _relative_terms(
+            self, q: torch.Tensor, grid: Tuple[int, int]) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        # (B, N_h, h, w, h) and (B, N_h, h, w, w): S_H and S_W of eq. 3 per query and key row / key column
+        if self.rel_rows is None or self.rel_cols is None:
+            return None, None
         height, width = grid
         q_grid = q.reshape(q.shape[0], self.num_heads, height, width, self.dim_head_k)
-        return rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
+        rows, cols = rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
+        return rows, cols
 
     def _logits(self, q: torch.Tensor, k: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        logits = q @ k.transpose(-1, -2)
-        if self.rel_rows is not None and self.rel_cols is not None:
-            rows, cols = self._relative_terms(q, grid)
-            # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
-            as_grid = logits.view(q.shape[0], self.num_heads, grid[0], grid[1], grid[0], grid[1])
-            if torch.jit.is_tracing():  # a traced graph (legacy ONNX export) drops in-place writes through a view
-                return (as_grid + rows[..., :, None] + cols[..., None, :]).reshape(logits.shape)
-            as_grid.add_(rows[..., :, None]).add_(cols[..., None, :])
-        return logits
+        rows, cols = self._relative_terms(q, grid)
+        return relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
 
     def _output(self, x: torch.Tensor, heads: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (the appendix's
@@ -174,26 +180,26 @@ class AAConv2d(AttentionLayer):
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
 
-    def _heads_fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        # fused kernels take the relative logits as an additive mask
-        bias: Optional[torch.Tensor] = None
-        if self.rel_rows is not None and self.rel_cols is not None:
-            rows, cols = self._relative_terms(q, grid)
-            bias = (rows[..., :, None] + cols[..., None, :]).reshape(q.shape[0], self.num_heads, q.shape[2], -1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)  # q is scaled, the bias not
+    def _heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int],
+               kernel: Optional[str] = None) -> torch.Tensor:
+        """``O_h`` of every head, ``(B, N_h, hw, d_vh)``, through ``kernel`` (default: the layer's choice)."""
+        rows, cols = self._relative_terms(q, grid)
+        if kernel is None:
+            kernel = self._kernel(q, k, v, rows)
+        if kernel == 'explicit':
+            return self.logits_tap(relative_logits(q, k, 1.0, rows, cols)).softmax(dim=-1) @ v
+        return relative_attention(q, k, v, 1.0, kernel, rows, cols)  # q is scaled, the relative logits with it
 
-    def _heads_explicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        return self.logits_tap(self._logits(q, k, grid)).softmax(dim=-1) @ v
+    def _kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Optional[torch.Tensor]) -> str:
+        if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
+            return 'explicit'
+        # on CPU a float mask sends SDPA to its math kernel, slower than the explicit path (BENCHMARK.md)
+        return choose_kernel(self.attn_kernel, q, k, v, rows, cpu_kernel='explicit')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
-        # on CPU a float mask sends SDPA to its math kernel, slower than the explicit path (benchmark)
-        if self.fused_attn and not self.form_maps and q.device.type != 'cpu':
-            heads = self._heads_fused(q, k, v, grid)
-        else:
-            heads = self._heads_explicit(q, k, v, grid)
-        return self._output(x, heads, grid)
+        return self._output(x, self._heads(q, k, v, grid), grid)
 
     def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """Forward pass inside an evolving-attention chain (Wang et al. 2021): ``(output, logits to hand on)``.

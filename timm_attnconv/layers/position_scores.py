@@ -10,6 +10,9 @@ behind one interface so that the attention core can take any of them:
 * ``separable`` is true when the term is input-independent and a sum of a row-offset part and a column-offset part;
   ``axis_logits(height, width)`` then gives the two ``(heads, L, L)`` parts, and the softmax factorises over rows and
   columns (see :mod:`timm_attnconv.layers.positional_attention`).
+* ``axis_terms(height, width, q=None)`` gives a row+column term (separable, or ``q · r``) per query:
+  ``(1 or B, heads, H, W, H)`` for the key's row and ``(1 or B, heads, H, W, W)`` for its column, the form that
+  :func:`~timm_attnconv.layers.relative_attention` adds inside a fused kernel without an ``(H W)²`` map.
 
 Offsets are ``key - query`` in (row, column) order everywhere, as in the original code's ``GaussianSelfAttention``.
 """
@@ -20,8 +23,8 @@ import torch.nn as nn
 
 from .relative import gather_relative, relative_offsets, rel_logits_2d
 
-__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits', 'PositionTerm',
-           'POSITION_TERMS', 'position_term']
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits', 'per_query_axis_terms',
+           'PositionTerm', 'POSITION_TERMS', 'position_term']
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -29,7 +32,25 @@ def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return (rows[:, :, None, :, None] + cols[:, None, :, None, :])[None]
 
 
-class QuadraticScores(nn.Module):
+def per_query_axis_terms(rows: torch.Tensor, cols: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row logits ``(heads, H, H)`` and column logits ``(heads, W, W)`` → the per-query axis terms
+    ``(1, heads, H, W, H)`` and ``(1, heads, H, W, W)`` (stride-0 views: nothing is copied)."""
+    heads, height, width = rows.shape[0], rows.shape[1], cols.shape[1]
+    return (rows[None, :, :, None, :].expand(1, heads, height, width, height),
+            cols[None, :, None, :, :].expand(1, heads, height, width, width))
+
+
+class InputIndependentScores(nn.Module):
+    """Base of the position terms that ignore the input: per-query axis terms from the subclass's ``axis_logits``."""
+
+    def axis_terms(
+            self, height: int, width: int, q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-query row and column terms (module docstring) of a separable term; ``q`` is ignored."""
+        rows, cols = self.axis_logits(height, width)
+        return per_query_axis_terms(rows, cols)
+
+
+class QuadraticScores(InputIndependentScores):
     """Quadratic relative encoding ``s_h(δ) = -½ (δ - μ_h)ᵀ Σ_h⁻¹ (δ - μ_h)`` (paper eq. 9 and §4.1).
 
     Isotropic heads use ``Σ_h⁻¹ = σ_h² I`` (``spreads`` of shape ``(heads,)``, paper ``α_h = σ_h² / 2``);
@@ -115,7 +136,7 @@ class QuadraticScores(nn.Module):
         return logits[None]
 
 
-class LearnedScores(nn.Module):
+class LearnedScores(InputIndependentScores):
     """Learned 2-D relative encoding, positional scores only (paper eq. 8 without the content term, §4.2).
 
     ``s_h(δ) = w_h,rowsᵀ r_rows[δ_row] + w_h,colsᵀ r_cols[δ_col]``: two tables of ``2 M - 1`` offset embeddings
@@ -179,12 +200,17 @@ class QueryRelativeScores(nn.Module):
     def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError('query-relative scores depend on the input and are not separable')
 
-    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``q``: ``(B, heads, H, W, dim)`` queries → ``(B, heads, H, W, H, W)`` logits."""
+    def axis_terms(
+            self, height: int, width: int, q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``q``: ``(B, heads, H, W, dim)`` queries → row and column terms ``(B, heads, H, W, H)``, ``(…, W)``."""
         if q is None:
             raise ValueError('query-relative scores need the queries q')
-        rows, cols = rel_logits_2d(
+        return rel_logits_2d(
             q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)
+
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``q``: ``(B, heads, H, W, dim)`` queries → ``(B, heads, H, W, H, W)`` logits."""
+        rows, cols = self.axis_terms(height, width, q)
         return rows[..., :, None] + cols[..., None, :]
 
 

@@ -19,11 +19,11 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import register_notrace_module, use_fused_attn
 
 from .attention_interface import AttentionLayer
 from .position_scores import position_term
+from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
@@ -95,6 +95,11 @@ class PositionalSelfAttention(AttentionLayer):
             (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
             ``'separable_batched'`` force one. A forced separable path raises ``ValueError`` where it cannot run:
             at construction for an inexact position term, in training while attention dropout is active.
+        attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
+            ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
+            ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
+            ``'auto'`` (default: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; ``'sdpa'`` on CPU; the
+            explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class PositionalSelfAttention(AttentionLayer):
             proj_drop: float = 0.,
             attn_path: str = 'auto',
             out_dim: Optional[int] = None,
+            attn_kernel: str = 'auto',
             device=None,
             dtype=None,
     ):
@@ -124,9 +130,12 @@ class PositionalSelfAttention(AttentionLayer):
         self.dim = dim
         self.content = content
         self.query_position = term.scores_queries
+        self.attn_kernel = check_attn_kernel(attn_kernel)
         self.scale = dim ** -0.5
         self.pos = term.build(dim, num_heads, max_grid, resize_tables, **dd)
         self.separable = (not content) and self.pos.separable
+        # the position term is a row term plus a column term per query (q·r, or a separable input-independent term)
+        self.axis_position = self.query_position or self.pos.separable
         if attn_path in SEPARABLE_PATHS and not self.separable:
             raise ValueError(
                 f"attn_path={attn_path!r} needs an input-independent row+column position term; position={position!r}"
@@ -166,22 +175,32 @@ class PositionalSelfAttention(AttentionLayer):
             return q, k
         raise RuntimeError('this attention layer has no content term (content=False)')
 
-    def _position_bias(self, q: Optional[torch.Tensor], height: int, width: int) -> torch.Tensor:
-        # position logits (1 or B, heads, N, N); q·r terms are scaled like the content term they join
+    def _position_bias(self, height: int, width: int) -> torch.Tensor:
+        # input-independent position logits (1, heads, N, N)
         num_tokens = height * width
-        if self.query_position and q is not None:
-            q = q.reshape(q.shape[0], self.num_heads, height, width, self.dim)
-            bias = self.pos(height, width, q)
-            return bias.reshape(-1, self.num_heads, num_tokens, num_tokens) * self.scale
         return self.pos(height, width).reshape(-1, self.num_heads, num_tokens, num_tokens)
+
+    def _position_terms(self, q: torch.Tensor, height: int, width: int
+                        ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+        # a content layer's position logits: (rows, cols, None) as per-query axis terms where the term has that form,
+        # else (None, None, the dense (1, heads, N, N) bias)
+        if not self.axis_position:
+            return None, None, self._position_bias(height, width)
+        if self.query_position:
+            q_grid = q.reshape(q.shape[0], self.num_heads, height, width, self.dim)
+            rows, cols = self.pos.axis_terms(height, width, q_grid)
+            return rows * self.scale, cols * self.scale, None  # q·r is scaled like the q·k it joins
+        rows, cols = self.pos.axis_terms(height, width, None)
+        return rows, cols, None
 
     def attention_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-softmax logits ``(1 or B, heads, H·W, H·W)`` for NHWC input ``x``."""
         batch, height, width, dim = x.shape
         if not self.content:
-            return self._position_bias(None, height, width)
+            return self._position_bias(height, width)
         q, k = self._content_qk(x.reshape(batch, height * width, dim))
-        return (q * self.scale) @ k.transpose(-1, -2) + self._position_bias(q, height, width)
+        rows, cols, bias = self._position_terms(q, height, width)
+        return relative_logits(q, k, self.scale, rows, cols, bias)
 
     def attention_probs(self, x: torch.Tensor) -> torch.Tensor:
         """Attention probabilities ``(1 or B, heads, H·W, H·W)`` (without dropout), for analysis and tests."""
@@ -221,29 +240,33 @@ class PositionalSelfAttention(AttentionLayer):
         y = y.reshape(heads, width, height, batch, dim).permute(3, 2, 1, 0, 4)  # (B, H, W, heads, D)
         return self.proj_heads(y.reshape(batch, height, width, heads * dim))
 
+    def _content_kernel(self, q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, rows: Optional[torch.Tensor],
+                        dense_bias: bool, dropout_p: float) -> str:
+        if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
+            return 'explicit'
+        # ONNX export decomposes SDPA with the expanded values into a graph that views a non-viewable tensor:
+        # 'auto' takes the explicit maps there (choose_kernel)
+        return choose_kernel(self.attn_kernel, q, k, values, rows, 'sdpa', dense_bias, dropout_p)
+
     def _attend_dense(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, dim = x.shape
         num_tokens = height * width
         tokens = x.reshape(batch, num_tokens, dim)
         if not self.content:
-            logits = self.logits_tap(self._position_bias(None, height, width))
+            logits = self.logits_tap(self._position_bias(height, width))
             probs = self.attn_drop(logits[0].softmax(dim=-1).to(x.dtype))
             out = torch.einsum('hqk,bkd->bqhd', probs, tokens)
         else:
             q, k = self._content_qk(tokens)
-            bias = self._position_bias(q, height, width).to(q.dtype)
+            rows, cols, bias = self._position_terms(q, height, width)
             values = tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
-            fused = self.fused_attn and not self.form_maps
-            if not torch.jit.is_scripting():
-                # ONNX export decomposes SDPA with these expanded values into a graph that views a non-viewable tensor
-                fused = fused and not torch.onnx.is_in_onnx_export()
-            if fused:
-                out = F.scaled_dot_product_attention(
-                    q, k, values, attn_mask=bias, dropout_p=self.attn_drop.p if self.training else 0.,
-                    scale=self.scale)
-            else:
-                probs = self.logits_tap((q * self.scale) @ k.transpose(-1, -2) + bias).softmax(dim=-1)
+            dropout_p = self.attn_drop.p if self.training else 0.
+            kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
+            if kernel == 'explicit':
+                probs = self.logits_tap(relative_logits(q, k, self.scale, rows, cols, bias)).softmax(dim=-1)
                 out = self.attn_drop(probs) @ values
+            else:
+                out = relative_attention(q, k, values, self.scale, kernel, rows, cols, bias, dropout_p)
             out = out.transpose(1, 2)
         return self.proj_heads(out.reshape(batch, height, width, self.num_heads * dim))
 

@@ -1,0 +1,179 @@
+"""The attention kernels of ``layers.attention_kernels`` agree with the explicit maps (fp32, 1e-5), fall back where
+FlexAttention cannot run, and a forced kernel that cannot run says why. On CPU the ``'flex'`` kernel runs eagerly
+(the ``eager_flex`` fixture; one slow test compiles it) and forward only: FlexAttention has no CPU backward."""
+import pytest
+import timm
+import torch
+
+from timm_attnconv.layers import (
+    AAConv2d, PositionalSelfAttention, choose_kernel, flex_unsupported_reason, relative_attention, relative_bias,
+    relative_logits, set_attn_kernel)
+from timm_attnconv.data import load_samples, normalize
+
+from .kernels import TOL
+
+GRIDS = [(4, 4), (3, 5)]
+
+
+def _inputs(grid, batch=2, heads=3, dim=5, value_dim=2, shared_terms=False, requires_grad=False):
+    """q, k, v ``(B, h, N, d)`` and axis terms ``(B or 1, h, H, W, H)``, ``(B or 1, h, H, W, W)``."""
+    height, width = grid
+    terms_batch = 1 if shared_terms else batch
+    tensors = [torch.randn(batch, heads, height * width, d) for d in (dim, dim, value_dim)]
+    tensors += [torch.randn(terms_batch, heads, height, width, height), torch.randn(terms_batch, heads, height, width, width)]
+    return [t.requires_grad_(requires_grad) for t in tensors]
+
+
+def _explicit(q, k, v, rows, cols, scale):
+    return relative_logits(q, k, scale, rows, cols).softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize('grid', GRIDS)
+def test_dense_bias_is_row_term_plus_column_term(grid):
+    height, width = grid
+    *_, rows, cols = _inputs(grid)
+    bias = relative_bias(rows, cols)
+    for i in range(height):
+        for j in range(width):
+            for k in range(height):
+                for col in range(width):
+                    expected = rows[:, :, i, j, k] + cols[:, :, i, j, col]
+                    torch.testing.assert_close(bias[:, :, i * width + j, k * width + col], expected)
+
+
+@pytest.mark.parametrize('grid', GRIDS)
+@pytest.mark.parametrize('shared_terms', [False, True])
+def test_explicit_logits_add_the_bias_to_scaled_content(grid, shared_terms):
+    q, k, _, rows, cols = _inputs(grid, shared_terms=shared_terms)
+    expected = (q * 0.3) @ k.transpose(-1, -2) + relative_bias(rows, cols)
+    torch.testing.assert_close(relative_logits(q, k, 0.3, rows, cols), expected)
+    torch.testing.assert_close(relative_logits(q, k, 0.3, bias=relative_bias(rows, cols)), expected)
+
+
+@pytest.mark.parametrize('grid', GRIDS)
+@pytest.mark.parametrize('shared_terms', [False, True])
+def test_sdpa_matches_explicit_forward_and_gradients(grid, shared_terms):
+    inputs = _inputs(grid, shared_terms=shared_terms, requires_grad=True)
+    ref = _explicit(*inputs, 0.3)
+    out = relative_attention(*inputs[:3], 0.3, 'sdpa', *inputs[3:])
+    torch.testing.assert_close(out, ref, **TOL)
+    grad_out = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, inputs, grad_out)
+    for grad, ref_grad in zip(torch.autograd.grad(out, inputs, grad_out), ref_grads):
+        torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+@pytest.mark.parametrize('grid', GRIDS)
+@pytest.mark.parametrize('shared_terms', [False, True])
+@pytest.mark.parametrize('dims', [(5, 2), (20, 17)])  # below FlexAttention's 16-channel tiles (padded) and above
+def test_flex_matches_explicit(eager_flex, grid, shared_terms, dims):
+    inputs = _inputs(grid, dim=dims[0], value_dim=dims[1], shared_terms=shared_terms)
+    with torch.no_grad():
+        torch.testing.assert_close(relative_attention(*inputs[:3], 0.3, 'flex', *inputs[3:]), _explicit(*inputs, 0.3),
+                                   **TOL)
+
+
+def test_flex_without_terms_is_plain_attention(eager_flex):
+    q, k, v, _, _ = _inputs((3, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(relative_attention(q, k, v, 0.3, 'flex'),
+                                   ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='FlexAttention differentiates on CUDA only')
+@pytest.mark.parametrize('grid', GRIDS)
+def test_flex_matches_explicit_gradients_on_cuda(grid):
+    inputs = [t.detach().cuda().requires_grad_() for t in _inputs(grid, dim=20, value_dim=6)]
+    assert choose_kernel('auto', *inputs[:4], cpu_kernel='explicit') == 'flex'
+    ref = _explicit(*inputs, 0.3)
+    out = relative_attention(*inputs[:3], 0.3, 'flex', *inputs[3:])
+    torch.testing.assert_close(out, ref, **TOL)
+    grad_out = torch.randn_like(ref)
+    for grad, ref_grad in zip(torch.autograd.grad(out, inputs, grad_out), torch.autograd.grad(ref, inputs, grad_out)):
+        torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+def test_auto_keeps_each_layers_cpu_kernel_and_avoids_flex_where_it_cannot_run():
+    q, k, v, rows, _ = _inputs((3, 5))
+    assert choose_kernel('auto', q, k, v, rows, cpu_kernel='explicit') == 'explicit'
+    assert choose_kernel('auto', q, k, v, rows, cpu_kernel='sdpa') == 'sdpa'
+    for forced in ('explicit', 'sdpa'):
+        assert choose_kernel(forced, q, k, v, rows, cpu_kernel='explicit') == forced
+    with torch.no_grad():
+        assert choose_kernel('flex', q, k, v, rows, cpu_kernel='explicit') == 'flex'
+    # off CPU and CUDA (here: the meta device) 'auto' falls back to SDPA, as it does for any reason below
+    meta = [t.to('meta') for t in (q, k, v, rows)]
+    assert 'CUDA and CPU' in flex_unsupported_reason(*meta)
+    assert choose_kernel('auto', *meta, cpu_kernel='explicit') == 'sdpa'
+
+
+@pytest.mark.filterwarnings('ignore:.*torch.jit.trace.*:FutureWarning')
+@pytest.mark.parametrize('case,match', [
+    ('grad', 'no backward on CPU'), ('dropout', 'no attention dropout'), ('float64', 'float64'),
+    ('dense_bias', 'no row\\+column form'), ('tracing', 'exporters')])
+def test_forced_flex_that_cannot_run_says_why(case, match):
+    q, k, v, rows, _ = _inputs((3, 5), requires_grad=case == 'grad')
+    if case == 'float64':
+        q, k, v, rows = (t.double() for t in (q, k, v, rows))
+    kwargs = dict(dense_bias=case == 'dense_bias', dropout_p=0.1 if case == 'dropout' else 0.)
+    with torch.set_grad_enabled(case == 'grad'):
+        if case == 'tracing':
+            def forced(q):
+                return torch.tensor(float(choose_kernel('flex', q, k, v, rows, 'explicit') == 'flex'))
+            with pytest.raises(ValueError, match=match):
+                torch.jit.trace(forced, (q,))
+            return
+        assert choose_kernel('auto', q, k, v, rows, 'sdpa', **kwargs) == 'sdpa'  # falls back, no error
+        with pytest.raises(ValueError, match=f"attn_kernel='flex' cannot run here: .*{match}.*Use attn_kernel='auto'"):
+            choose_kernel('flex', q, k, v, rows, 'sdpa', **kwargs)
+
+
+def test_unknown_kernels_are_refused_with_the_choices():
+    with pytest.raises(ValueError, match=r"attn_kernel must be one of \('auto', 'explicit', 'sdpa', 'flex'\)"):
+        AAConv2d(8, 64, upsilon=0.25, attn_kernel='fused')
+    with pytest.raises(ValueError, match='attn_kernel must be one of'):
+        PositionalSelfAttention(8, 2, content=True, attn_kernel='triton')
+    with pytest.raises(ValueError, match='attn_kernel must be one of'):
+        set_attn_kernel(torch.nn.Sequential(), 'cuda')
+
+
+def test_a_forced_flex_layer_in_training_on_cpu_says_why():
+    layer = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(4, 4),
+                     attn_kernel='flex')
+    with pytest.raises(ValueError, match='no backward on CPU'):
+        layer(torch.randn(1, 6, 4, 4))
+
+
+def test_explicit_maps_tap_the_logits_whatever_the_kernel():
+    layers = [AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(3, 5)),
+              PositionalSelfAttention(6, 2, position='query_relative', content=True)]
+    inputs = [torch.randn(1, 6, 3, 5), torch.randn(1, 3, 5, 6)]
+    for layer, x in zip(layers, inputs):
+        for kernel in ('sdpa', 'flex'):
+            taps = []
+            layer.logits_tap.register_forward_hook(lambda m, i, out: taps.append(out.shape))
+            set_attn_kernel(layer, kernel)
+            with torch.no_grad(), layer.explicit_maps():
+                layer(x)
+            assert taps[-1] == (1, 2, 15, 15)
+
+
+@pytest.mark.parametrize('name', ['aa_resnet20_cifar.c10', 'sa_learned_content_tiny_cifar.c10'])
+def test_shipped_weights_give_the_same_logits_through_every_kernel(eager_flex, name):
+    model = timm.create_model(name, pretrained=True).eval()
+    x = normalize(load_samples()[0][:4], model.pretrained_cfg['mean'], model.pretrained_cfg['std'])
+    with torch.no_grad():
+        ref = set_attn_kernel(model, 'explicit')(x)
+        for kernel in ('auto', 'sdpa', 'flex'):
+            torch.testing.assert_close(set_attn_kernel(model, kernel)(x), ref, **TOL)
+
+
+@pytest.mark.slow
+def test_compiled_flex_matches_explicit_on_cpu():
+    """The compiled kernel (inductor's C++ FlexAttention) on one AA and one SA content layer, non-square grid."""
+    aa = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(3, 5)).eval()
+    sa = PositionalSelfAttention(6, 2, position='query_relative', content=True).eval()
+    for layer, x in ((aa, torch.randn(2, 6, 3, 5)), (sa, torch.randn(2, 3, 5, 6))):
+        with torch.no_grad():
+            ref = set_attn_kernel(layer, 'explicit')(x)
+            torch.testing.assert_close(set_attn_kernel(layer, 'flex')(x), ref, **TOL)

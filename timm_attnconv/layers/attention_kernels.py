@@ -1,0 +1,225 @@
+"""Attention whose logits add per-axis relative terms to ``q kᵀ``, through three kernels with one result.
+
+Tokens lie on an ``(H, W)`` grid in row-major order (``N = H·W``). For the query at cell ``(i, j)`` and the key at
+``(k, l)``::
+
+    logit[(i,j), (k,l)] = scale · q_(i,j) · k_(k,l) + rows[(i,j), k] + cols[(i,j), l]
+
+``rows`` ``(B or 1, h, H, W, H)`` and ``cols`` ``(B or 1, h, H, W, W)`` are the two axis terms: the 2-D relative
+logits ``q·r^H_{k−i} + q·r^W_{l−j}`` of attention-augmented convolution (Bello et al. 2019, eq. 3;
+:func:`~timm_attnconv.layers.rel_logits_2d`), the ``q·r`` scores of the content model of Cordonnier et al. (2020,
+§4.2 with Ramachandran et al. 2019's relative logits), or a row+column position term that does not depend on the
+input (broadcast over the batch). They hold ``O(N (H + W))`` numbers where the dense bias holds ``O(N²)``.
+
+Kernels (:data:`ATTN_KERNELS`):
+
+* ``'explicit'``: forms the ``(B, h, N, N)`` logits, adding the axis terms in place through their ``(H, W, H, W)``
+  view. The reference; the only kernel that shows its maps (analysis, evolving attention), counts its FLOPs and
+  exports everywhere (TorchScript, legacy ONNX).
+* ``'sdpa'``: materialises the ``(B or 1, h, N, N)`` bias and hands it to ``F.scaled_dot_product_attention`` as an
+  additive mask.
+* ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
+  inside the kernel, so no ``N × N`` tensor exists, forward or backward. Run compiled (eager FlexAttention forms the
+  full score matrix); compiled once per shape. It cannot run on every input, :func:`flex_unsupported_reason` says
+  why; ``'auto'`` then takes another kernel, a forced ``'flex'`` raises.
+* ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
+  fastest there); the explicit maps under tracing and ONNX export.
+"""
+import functools
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
+
+from .attention_interface import AttentionLayer
+
+__all__ = ['ATTN_KERNELS', 'check_attn_kernel', 'relative_bias', 'relative_logits', 'relative_attention',
+           'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
+
+ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'flex')
+# Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
+FLEX_MIN_HEAD_DIM = 16
+FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_attn_kernel(kernel: str) -> str:
+    """``kernel`` if it names one of :data:`ATTN_KERNELS`, else a ``ValueError`` that lists them."""
+    if kernel not in ATTN_KERNELS:
+        raise ValueError(f'attn_kernel must be one of {ATTN_KERNELS}, got {kernel!r}')
+    return kernel
+
+
+def relative_bias(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Axis terms ``(B', h, H, W, H)`` and ``(B', h, H, W, W)`` → the dense bias ``(B', h, H·W, H·W)``."""
+    batch, heads, height, width = rows.shape[:4]
+    return (rows[..., :, None] + cols[..., None, :]).reshape(batch, heads, height * width, height * width)
+
+
+def relative_logits(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        scale: float,
+        rows: Optional[torch.Tensor] = None,
+        cols: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The explicit logits ``(B, h, N, N)``: ``scale · q kᵀ`` plus the axis terms (or a dense ``bias``).
+
+    ``q``, ``k``: ``(B, h, N, d)``; ``rows``/``cols``: the axis terms of the module docstring; ``bias``:
+    ``(B or 1, h, N, N)``, for position terms without a row+column form.
+    """
+    logits = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
+    if bias is not None:
+        return logits + bias.to(logits.dtype)
+    if rows is not None and cols is not None:
+        row_terms, col_terms = rows.to(logits.dtype)[..., :, None], cols.to(logits.dtype)[..., None, :]
+        height, width = rows.shape[2], rows.shape[3]
+        as_grid = logits.view(q.shape[0], q.shape[1], height, width, height, width)
+        if torch.jit.is_tracing():  # a traced graph (legacy ONNX export) drops in-place writes through a view
+            return (as_grid + row_terms + col_terms).reshape(logits.shape)
+        # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
+        as_grid.add_(row_terms).add_(col_terms)
+    return logits
+
+
+def relative_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        kernel: str,
+        rows: Optional[torch.Tensor] = None,
+        cols: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+        dropout_p: float = 0.,
+) -> torch.Tensor:
+    """``softmax(logits) v`` ``(B, h, N, d_v)`` through the fused kernel ``'sdpa'`` or ``'flex'``.
+
+    ``logits`` as in :func:`relative_logits`. The explicit kernel is the caller's: it passes its maps through its
+    ``logits_tap`` and its dropout module. ``kernel='flex'`` takes the axis terms only (see
+    :func:`flex_unsupported_reason`).
+    """
+    if kernel == 'flex' and not torch.jit.is_scripting():
+        return _flex_relative_attention(q, k, v, scale, rows, cols)
+    if kernel != 'sdpa':
+        raise ValueError(f"relative_attention runs the fused kernels 'sdpa' and 'flex', got '{kernel}'")
+    if bias is None and rows is not None and cols is not None:
+        bias = relative_bias(rows, cols)
+    if bias is not None:
+        bias = bias.to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex_attention() -> Callable[..., torch.Tensor]:
+    # eager flex_attention materialises the full score matrix; the compiled kernel never does. Static shapes: one
+    # kernel per shape (a model has few: one per attention grid and head size), and torch 2.14's dynamic-shape CPU
+    # kernel does not compile (undeclared cur_kvSplitSize in the generated C++)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _pad_head_dim(x: torch.Tensor) -> torch.Tensor:
+    # zero channels add nothing to q·k, and the zero value channels they give are sliced off
+    return F.pad(x, (0, FLEX_MIN_HEAD_DIM - x.shape[-1])) if x.shape[-1] < FLEX_MIN_HEAD_DIM else x
+
+
+def _axis_score_mod(rows: torch.Tensor, cols: torch.Tensor, batch: int):
+    # (B', h, H, W, H) → (B, h, N, H): the key's row and column pick a term of the query's rows; stride 0 over a
+    # shared batch, so an input-independent term is not copied B times
+    _, heads, height, width = rows.shape[:4]
+    rows = rows.reshape(-1, heads, height * width, height).expand(batch, -1, -1, -1)
+    cols = cols.reshape(-1, heads, height * width, width).expand(batch, -1, -1, -1)
+
+    def add_axis_terms(score, b, h, q_idx, kv_idx):
+        return score + rows[b, h, q_idx, kv_idx // width] + cols[b, h, q_idx, kv_idx % width]
+    return add_axis_terms
+
+
+def _flex_relative_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+        rows: Optional[torch.Tensor], cols: Optional[torch.Tensor],
+) -> torch.Tensor:
+    value_dim = v.shape[-1]
+    v = v.to(q.dtype)  # FlexAttention takes one dtype (autocast leaves a layer's tokens in fp32)
+    score_mod = None
+    if rows is not None and cols is not None:
+        score_mod = _axis_score_mod(rows.to(q.dtype), cols.to(q.dtype), q.shape[0])
+    # inside a torch.compile'd model the caller's graph lowers flex_attention itself
+    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention()
+    out = attend(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), score_mod=score_mod, scale=scale)
+    return out[..., :value_dim]
+
+
+def flex_unsupported_reason(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rows: Optional[torch.Tensor] = None,
+        dense_bias: bool = False,
+        dropout_p: float = 0.,
+) -> Optional[str]:
+    """Why the ``'flex'`` kernel cannot run on these inputs (``None`` when it can), in words for an error message."""
+    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+        return 'exporters take the explicit (or SDPA) maths, which they can lower'
+    if dense_bias:
+        return 'the position term has no row+column form, so it is a dense bias that SDPA takes as its mask'
+    if dropout_p > 0:
+        return f'FlexAttention has no attention dropout (attn_drop={dropout_p} in training)'
+    if q.device.type not in ('cuda', 'cpu'):
+        return f'the kernel is used on CUDA and CPU only, the inputs are on {q.device.type}'
+    if q.dtype not in FLEX_DTYPES:
+        return f'FlexAttention takes {", ".join(str(d) for d in FLEX_DTYPES)}, the inputs are {q.dtype}'
+    if q.device.type == 'cpu':
+        needs_grad = any(t is not None and t.requires_grad for t in (q, k, v, rows))
+        if torch.is_grad_enabled() and needs_grad:
+            return (f'FlexAttention has no backward on CPU in torch {torch.__version__}: run inference under '
+                    f'torch.no_grad() or train on CUDA')
+        if torch.backends.cpu.get_cpu_capability() not in ('AVX2', 'AVX512'):
+            return 'FlexAttention\'s compiled CPU kernel needs AVX2'
+    return None
+
+
+def choose_kernel(
+        requested: str,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rows: Optional[torch.Tensor],
+        cpu_kernel: str,
+        dense_bias: bool = False,
+        dropout_p: float = 0.,
+) -> str:
+    """The kernel that runs: ``requested`` unless it is ``'auto'`` (module docstring), or a ``ValueError`` when a
+    forced ``'flex'`` cannot run here (the reason of :func:`flex_unsupported_reason`, and what to use instead)."""
+    if requested == 'explicit' or requested == 'sdpa':
+        return requested
+    if requested == 'auto':
+        if not torch.jit.is_scripting():
+            if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+                return 'explicit'  # the reference maths, which every exporter lowers
+        if q.device.type == 'cpu':
+            return cpu_kernel
+    if torch.jit.is_scripting():
+        reason: Optional[str] = 'TorchScript cannot compile FlexAttention'
+    else:
+        reason = flex_unsupported_reason(q, k, v, rows, dense_bias, dropout_p)
+    if requested == 'flex':
+        if reason is not None:
+            raise ValueError(f"attn_kernel='flex' cannot run here: {reason}. Use attn_kernel='auto' (it takes a "
+                             f"kernel that can run), 'sdpa' or 'explicit'.")
+        return 'flex'
+    return 'flex' if reason is None else 'sdpa'
+
+
+def set_attn_kernel(model: nn.Module, kernel: str) -> nn.Module:
+    """Set ``attn_kernel`` of every attention layer of ``model`` that has that choice
+    (:class:`~timm_attnconv.layers.AAConv2d`, :class:`~timm_attnconv.layers.PositionalSelfAttention`); returns
+    ``model``. Layers that always form their maps (an evolving-attention chain step, a position-only layer) keep
+    their own paths."""
+    check_attn_kernel(kernel)
+    for module in model.modules():
+        if isinstance(module, AttentionLayer) and hasattr(module, 'attn_kernel'):
+            module.attn_kernel = kernel
+    return model
