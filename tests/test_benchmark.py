@@ -96,6 +96,20 @@ def test_versus_and_train_end_to_end_on_cpu(capsys):
     assert re.search(r'\d+\.\d \(\d+\.\d–\d+\.\d\) img/s', out)
 
 
+def test_exact_paths_end_to_end_on_cpu(capsys):
+    row, = benchmark.main(['--paths', '--models', 'sa_learned_tiny_cifar', '--sizes', '8', '--batch-size', '2',
+                           '--iters', '3', '--max-warmup', '2', '--device', 'cpu'])
+    assert row['auto'] == 'separable_loop' and row['reps'] == 3 and len(row['warmup_runs']) == 3
+    assert sorted(row['speed']) == sorted(benchmark.EXACT_PATHS) and row['speed']['dense']['median'] == 1.
+    assert all(s['min'] <= s['median'] <= s['max'] for s in row['speed'].values())
+    assert all(diff < 1e-5 for diff in row['max_abs_diff'].values())
+    out = capsys.readouterr().out
+    row_line, = [line for line in out.splitlines() if line.startswith('sa_learned_tiny_cifar')]
+    assert ' separable_loop ' in row_line and len(RATIO.findall(row_line)) == 2  # loop and batched against dense
+    with pytest.raises(ValueError, match='sa_quadratic_gen_cifar has .*not separable'):
+        benchmark.compare_attn_paths('sa_quadratic_gen_cifar', 8, 1, embed_dim=16, depth=1, mlp_dim=16)
+
+
 @pytest.mark.slow
 def test_compiled_paths_on_cpu():
     row, = benchmark.main(['--models', 'sa_quadratic_tiny_cifar', '--sizes', '8', '--batch-size', '1', '--iters', '2',

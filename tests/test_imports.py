@@ -1,10 +1,12 @@
-"""The package's import graph, read statically (every ``import``, at module level or inside a function), has no cycle.
+"""The package's import graph, read statically (every ``import``, at module level or inside a function), has no cycle;
+the module index of the package docstring and README sorts every root module into library and commands.
 
 An import inside a function hides a cycle from a plain ``import`` of each module, and still ties the two modules
 together: this test sees those too. An edge goes to the module an import names (``from .models import x``: the
 ``models`` package; ``from . import data``: the ``data`` module), not to the packages Python initialises on the way.
 """
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
@@ -89,3 +91,24 @@ def test_find_cycle_names_the_modules_of_a_cycle():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def _index(text: str, row: str) -> Set[str]:
+    """The module names in the ``Library`` or ``Commands`` row of a module index: a docstring item, which may wrap onto
+    indented lines, or a README table row."""
+    prefixes = (f'- {row}: ', f'| {row} | ')
+    rows = [line for line in re.sub(r'\n +', ' ', text).splitlines() if line.startswith(prefixes)]
+    assert len(rows) == 1, f'{len(rows)} {row} rows'
+    prefix, = [p for p in prefixes if rows[0].startswith(p)]
+    return {name.strip() for name in rows[0][len(prefix):].rstrip(' |').split(',')}
+
+
+def test_the_module_index_sorts_library_and_commands():
+    # a command is a root module with a main(argv); everything else at the root, subpackages included, is library
+    roots = [p for p in PACKAGE_DIR.iterdir() if (p.suffix == '.py' or (p / '__init__.py').is_file())
+             and p.name != '__init__.py']
+    commands = {p.stem for p in roots if p.suffix == '.py' and re.search(r'^def main\(', p.read_text(), re.MULTILINE)}
+    library = {p.stem for p in roots} - commands
+    readme = (PACKAGE_DIR.parent / 'README.md').read_text()
+    for where, text in (('timm_attnconv.__doc__', timm_attnconv.__doc__), ('README.md', readme)):
+        assert (_index(text, 'Library'), _index(text, 'Commands')) == (library, commands), where

@@ -91,3 +91,22 @@ def test_a_changed_timm_class_fails_at_construction():
 def test_setup_cfg_states_the_tested_timm_range():
     requires = (Path(__file__).parents[1] / 'setup.cfg').read_text()
     assert f'timm>={TIMM_TESTED[0]},<={TIMM_TESTED[1]}' in requires
+
+
+@pytest.mark.parametrize('conv_weight', [1.0, 0.6])
+def test_the_update_runs_in_the_dtype_of_the_maps_under_autocast(conv_weight):
+    ea = AttentionEvolution(3, 0.5, conv_weight)
+    s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        reference = ea(s, prev)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            # fp32 maps (position-only quadratic logits are fp32 under autocast): an fp32 convolution, no bf16 trip
+            assert torch.equal(ea(s, prev), reference)
+            low = ea(s.bfloat16(), prev.bfloat16())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
+    assert ea(s, prev).is_contiguous()  # the layout the softmax over keys wants, whatever the convolution ran in
+    scripted = torch.jit.script(ea)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        # TorchScript ignores the autocast switch: its conv runs in bf16, the result still comes back as fp32 maps
+        torch.testing.assert_close(scripted(s, prev), reference, rtol=0.05, atol=0.05)

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from timm_attnconv.layers import POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores
+from timm_attnconv.layers import (
+    POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path, set_attn_path)
+from timm_attnconv.layers import positional_attention
 
 from .kernels import TOL, assert_sdpa_matches_explicit
 
@@ -115,3 +117,103 @@ def test_every_registered_position_term_makes_a_layer(name):
 def test_an_unknown_position_term_lists_the_registered_ones():
     with pytest.raises(ValueError, match="position must be one of .*'quadratic'.*got 'sinusoid'"):
         PositionalSelfAttention(8, 2, position='sinusoid')
+
+
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched')
+
+
+@pytest.mark.parametrize('position', ['quadratic', 'learned'])
+def test_every_exact_path_gives_the_same_output_and_gradients(position):
+    attn = PositionalSelfAttention(8, 3, position=position, out_dim=5).eval()
+    with torch.no_grad():
+        for param in attn.parameters():  # away from the initial values, where some gradients vanish
+            param.add_(torch.randn_like(param) * 0.3)
+    x = torch.randn(2, HEIGHT, WIDTH, 8)
+    target = torch.randn(2, HEIGHT, WIDTH, 5)
+    results = {}
+    for path in EXACT_PATHS:
+        attn.attn_path = path
+        attn.zero_grad()
+        inputs = x.clone().requires_grad_()
+        out = attn(inputs)
+        (out * target).sum().backward()
+        grads = {name: param.grad.clone() for name, param in attn.named_parameters()}
+        results[path] = out.detach(), inputs.grad, grads
+    out, x_grad, grads = results['dense']
+    assert x_grad.abs().max() > 0 and all(g.abs().max() > 0 for g in grads.values())
+    for path in EXACT_PATHS[1:]:
+        other_out, other_x_grad, other_grads = results[path]
+        torch.testing.assert_close(other_out, out, rtol=0, atol=1e-5, msg=path)
+        torch.testing.assert_close(other_x_grad, x_grad, rtol=0, atol=1e-5, msg=path)
+        for name, grad in grads.items():
+            torch.testing.assert_close(other_grads[name], grad, rtol=0, atol=1e-5, msg=f'{path}: {name}')
+
+
+@pytest.mark.parametrize('attn_path,device_type,grid,expected', [
+    # CUDA: dense up to 16×16 tokens (the H100 crossover), the batched separable form above
+    ('auto', 'cuda', (16, 16), 'dense'),
+    ('auto', 'cuda', (8, 4), 'dense'),
+    ('auto', 'cuda', (16, 17), 'separable_batched'),
+    ('auto', 'cuda', (48, 48), 'separable_batched'),
+    ('separable', 'cuda', (16, 16), 'separable_batched'),  # a forced separable path stays separable
+    # CPU: the per-head loop at every grid, as before the table
+    ('auto', 'cpu', (2, 2), 'separable_loop'),
+    ('auto', 'cpu', (48, 48), 'separable_loop'),
+    ('separable', 'cpu', (16, 16), 'separable_loop'),
+    # devices without a row keep the CPU choice
+    ('auto', 'mps', (16, 16), 'separable_loop'),
+    # forced algorithms are taken as asked
+    ('dense', 'cuda', (48, 48), 'dense'),
+    ('separable_loop', 'cuda', (48, 48), 'separable_loop'),
+    ('separable_batched', 'cpu', (2, 2), 'separable_batched'),
+])
+def test_the_rule_table_picks_the_path(attn_path, device_type, grid, expected):
+    assert resolve_attn_path(attn_path, device_type, grid[0] * grid[1]) == expected
+
+
+def test_the_layer_applies_the_rule_at_each_call_from_the_input(monkeypatch):
+    attn = PositionalSelfAttention(8, 2).eval()
+    calls = []
+
+    def cuda_rule_on_cpu(device_type):
+        calls.append(device_type)
+        return 16 * 16, 'separable_batched'
+
+    monkeypatch.setattr(positional_attention, 'auto_path_rule', cuda_rule_on_cpu)
+    assert attn._algorithm(torch.randn(1, 16, 16, 8)) == 'dense'
+    assert attn._algorithm(torch.randn(1, 16, 17, 8)) == 'separable_batched'
+    assert calls == ['cpu', 'cpu']
+    attn.train()  # attention dropout is off in this layer: training keeps the fast path
+    assert attn._algorithm(torch.randn(1, 32, 32, 8)) == 'separable_batched'
+
+
+@pytest.mark.parametrize('path', ['separable', 'separable_loop', 'separable_batched'])
+def test_a_forced_separable_path_that_cannot_run_says_why(path):
+    with pytest.raises(ValueError, match=f"attn_path='{path}' needs an input-independent row.column"):
+        PositionalSelfAttention(8, 2, position='quadratic_gen', attn_path=path)
+    attn = PositionalSelfAttention(8, 2, attn_drop=0.1, attn_path=path).train()
+    with pytest.raises(ValueError, match='cannot apply attention dropout.*attn_path=.auto'):
+        attn(torch.randn(1, 3, 4, 8))
+    attn.attn_path = 'auto'  # auto runs the dense maths while dropout is active
+    assert attn._algorithm(torch.randn(1, 3, 4, 8)) == 'dense'
+    assert attn.eval()(torch.randn(1, 3, 4, 8)).shape == (1, 3, 4, 8)
+
+
+def test_set_attn_path_forces_a_separable_form_only_where_exact():
+    model = torch.nn.Sequential(PositionalSelfAttention(8, 2), PositionalSelfAttention(8, 2, position='quadratic_gen'))
+    set_attn_path(model, 'separable_batched')
+    assert [layer.attn_path for layer in model] == ['separable_batched', 'auto']
+    with pytest.raises(ValueError, match='attn_path must be one of'):
+        set_attn_path(model, 'batched')
+
+
+@pytest.mark.parametrize('path', EXACT_PATHS + ('auto',))
+def test_every_path_scripts_exports_and_compiles(path):
+    attn = PositionalSelfAttention(8, 3, position='learned', attn_path=path).eval()
+    x = torch.randn(2, HEIGHT, WIDTH, 8)
+    with torch.no_grad():
+        expected = attn(x)
+        torch.testing.assert_close(torch.jit.script(attn)(x), expected)
+        torch.testing.assert_close(torch.export.export(attn, (x,)).module()(x), expected)
+        # the path is chosen from x's device and grid inside forward: one graph, no break
+        torch.testing.assert_close(torch.compile(attn, backend='eager', fullgraph=True)(x), expected)

@@ -9,7 +9,7 @@ from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block
 
 import timm_attnconv
-from timm_attnconv.layers import AAConv2d, ChainedAAConv2d, ChainedAttention
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, ChainedAAConv2d, ChainedAttention
 from timm_attnconv.models.evolving_attention import EABlock, EABottleneck
 
 COUNTS = {'ea_aa_resnet50': (24_967_712, 11), 'ea_aa_resnet101': (43_440_728, 28),
@@ -244,3 +244,44 @@ def test_first_deit_names_still_build_with_a_deprecation_warning(old, new):
         model = timm.create_model(old, depth=2, device='meta')
     assert model.pretrained_cfg['architecture'] == new and model.num_evolved == 1
     assert old not in timm_attnconv.list_models() and timm.models.get_deprecated_models('evolving_attention')[old] == new
+
+
+@pytest.mark.parametrize('name,kwargs', [
+    ('ea_aa_resnet20_cifar', dict(depths=(1, 2, 2))),
+    ('ea_sa_learned_content_tiny_cifar', dict(embed_dim=32, mlp_dim=48, depth=3)),
+    ('ea_sa_learned_content_tiny_cifar', dict(embed_dim=32, mlp_dim=48, depth=3, content=False,
+                                              pos_encoding='quadratic', evolve_conv_weight=0.6)),
+])
+def test_bf16_autocast_keeps_the_maps_dtype_through_the_chain(name, kwargs):
+    model = timm.create_model(name, **kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    seen = []
+    for module in model.modules():
+        if isinstance(module, AttentionEvolution):
+            module.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, args[1].dtype, out.dtype)))
+    with torch.no_grad():
+        reference = model(x)
+        seen.clear()
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            low = model(x)
+    # q·k maps are bf16 under autocast and stay bf16; fp32 maps (position-only quadratic scores) stay fp32
+    maps_dtype = torch.float32 if kwargs.get('pos_encoding') == 'quadratic' else torch.bfloat16
+    assert seen and all(dtypes == (maps_dtype,) * 3 for dtypes in seen)
+    torch.testing.assert_close(low.float(), reference, rtol=0.05, atol=0.05)
+
+
+def test_an_ea_model_compiles_as_one_graph():
+    model = timm.create_model('deit_ea_tiny_patch16_224', depth=2, img_size=64).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend='eager', fullgraph=True)(x), model(x))
+
+
+@pytest.mark.slow
+def test_an_ea_model_trains_compiled_as_one_graph():
+    model = timm.create_model('ea_aa_resnet20_cifar', depths=(1, 2, 2)).train()
+    x = torch.randn(2, 3, 32, 32)
+    compiled = torch.compile(model, backend='aot_eager', fullgraph=True)
+    compiled(x).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)

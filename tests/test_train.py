@@ -1,6 +1,7 @@
 """Training runs end to end on a tiny slice of CIFAR-10 (the synthetic set of conftest.py), stops cleanly, resumes
 exactly, and loses no good work: not to a kill at any moment, a diverging loss, a second run on the same folder or an
-altered checkpoint."""
+altered checkpoint. ``train(TrainConfig(...))`` trains from Python what the command line trains, with its checks."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from timm_attnconv import evaluate as evaluate_cli, train as train_module
+from timm_attnconv import evaluate as evaluate_cli, runs, train as train_module
 from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
-from timm_attnconv.train import main as train_main
+from timm_attnconv.train import TrainConfig, main as train_main, train
 
 # every test here reads the synthetic CIFAR-10 as the default data folder: TINY names none
 pytestmark = pytest.mark.usefixtures('synthetic_cifar10_as_default')
@@ -70,7 +71,7 @@ def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, mo
         if point.startswith('after'):  # epoch 1's checkpoint is in place, its log line not yet written
             def kill(*args):
                 raise Killed
-            m.setattr(train_module, '_write_log', kill)
+            m.setattr(runs, 'write_log', kill)
         else:  # epoch 2's checkpoint is written to its temporary file, not yet renamed over epoch 1's
             renames, replace = [], os.replace
 
@@ -79,7 +80,7 @@ def test_a_kill_at_the_checkpoint_log_boundary_loses_nothing(tmp_path, whole, mo
                 if renames.count(dst) == 2 and dst.endswith('last.pth.tar'):
                     raise Killed
                 replace(src, dst)
-            m.setattr(train_module.os, 'replace', kill)
+            m.setattr(runs.os, 'replace', kill)
         with pytest.raises(Killed):
             train_main(TINY + ['--output', str(tmp_path)])
     train_main(TINY + ['--output', str(tmp_path)])
@@ -174,6 +175,53 @@ def test_resume_with_other_settings_is_refused(tmp_path, synthetic_cifar10):
             train_main(TINY + ['--output', str(run)] + change)
     # the same images elsewhere are the same run
     assert train_main(TINY + ['--output', str(run), '--data-dir', str(same_images), '--max-steps', '2'])['stopped']
+
+
+def test_train_runs_from_python_as_the_command_does(tmp_path, synthetic_cifar10):
+    # no argparse: a TrainConfig (a Path as output, the data folder named) trains what the same command line trains
+    kwargs = dict(embed_dim=16, depth=2, mlp_dim=16, num_heads=3, proj_drop_rate=0.1, attn_drop_rate=0.)
+    config = TrainConfig(model='sa_quadratic_cifar', model_kwargs=kwargs, output=tmp_path / 'python', epochs=1,
+                         batch_size=32, train_limit=64, eval_limit=50, model_ema=True, data_dir=synthetic_cifar10)
+    assert config.output == str(tmp_path / 'python') and config.device == 'cpu'  # as the checkpoint records them
+    result = train(config)
+    assert result['epoch'] == 1 and not result['stopped'] and 0 <= result['test_top1'] <= 100
+    assert [e['epoch'] for e in strict_log(tmp_path / 'python')] == [1]
+    train_main(['--model', 'sa_quadratic_cifar', '--model-kwargs', json.dumps(kwargs), '--epochs', '1',
+                '--batch-size', '32', '--train-limit', '64', '--eval-limit', '50', '--model-ema',
+                '--data-dir', synthetic_cifar10, '--output', str(tmp_path / 'command')])
+    assert_same_run(tmp_path / 'python', tmp_path / 'command')
+    assert strict_log(tmp_path / 'python') == strict_log(tmp_path / 'command')
+    with pytest.raises(TypeError, match='train\\(\\) takes a TrainConfig, not Namespace'):
+        train(train_module._parser().parse_args(['--model', 'sa_quadratic_cifar', '--output', str(tmp_path)]))
+
+
+def test_the_command_line_takes_its_defaults_from_train_config():
+    required = ['--model', 'sa_quadratic_tiny_cifar', '--output', 'runs/x']
+    assert vars(train_module._parser().parse_args(required)) == dataclasses.asdict(
+        TrainConfig(model='sa_quadratic_tiny_cifar', output='runs/x'))
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('epochs', 0, 'expected a whole number ≥ 1, got 0'),
+    ('epochs', 2.0, 'expected a whole number ≥ 1, got 2.0'),
+    ('batch_size', '128', "expected a whole number ≥ 1, got '128'"),
+    ('lr', float('nan'), 'expected a finite number ≥ 0, got nan'),
+    ('smoothing', 1.5, r'expected a number in \[0, 1\), got 1.5'),
+    ('clip_grad', 0, 'expected a finite number > 0, got 0'),
+    ('model_ema_decay', True, 'expected a number in'),
+    ('amp', 'fp8', "expected one of 'none', 'bf16', 'fp16', got 'fp8'"),
+    ('model', 'sa_quadratic_tiny', "unknown model 'sa_quadratic_tiny'"),
+    ('model_kwargs', {'num_heads': (1, 2)}, 'expected a JSON object'),
+    ('device', 'tpu', "'tpu' is not a torch device"),
+    ('device', f'cuda:{torch.cuda.device_count()}', f'cuda:{torch.cuda.device_count()}: torch sees'),
+    ('model_ema', 1, 'expected a bool, got 1'),
+    ('opt', None, 'expected a str, got None'),
+    ('output', 7, 'expected a path, got 7'),
+])
+def test_a_bad_train_config_value_is_refused_naming_the_field(field, value, message):
+    options = dict(dict(model='sa_quadratic_tiny_cifar', output='runs/x'), **{field: value})
+    with pytest.raises(ValueError, match=f'^TrainConfig {field}: {message}'):
+        TrainConfig(**options)
 
 
 def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):

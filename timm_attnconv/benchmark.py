@@ -8,7 +8,10 @@ For every model and input size, in one process on one machine:
   ``timm.utils.reparameterize_model``.
 
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
-and the ratios (memory: peak tensor allocations of one forward pass).
+and the ratios (memory: peak tensor allocations of one forward pass). ``--paths`` instead times the exact algorithms
+of the separable SA models against each other, ``dense``, ``separable_loop`` (one head at a time) and
+``separable_batched`` (all heads in one contraction), and prints the one ``attn_path='auto'`` takes on the device:
+the measurement behind ``timm_attnconv.layers.auto_path_rule``.
 
 Timing: each side is first run until two successive calls agree within 5% (at most ``--max-warmup`` runs), then the
 two sides of a comparison alternate, ABBA, for ``--iters`` repetitions; a ratio is the median of the per-repetition
@@ -18,6 +21,7 @@ run read 1.60× and 1.22×). ``--amp`` and ``--compile`` apply to every timed si
 
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
+    python -m timm_attnconv.benchmark --paths --device cuda --amp bf16 --sizes 32 64 96   # the 'auto' crossover
     python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
     python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
     python -m timm_attnconv.benchmark --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 256 \
@@ -46,10 +50,10 @@ import torch.nn as nn
 from . import cli
 from .constants import AMP_DTYPES
 from .data import default_data_dir, load_cifar10, normalize
-from .layers import ATTN_KERNELS, set_attn_kernel, set_attn_path
+from .layers import ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path
 
-__all__ = ['compare_paths', 'compare_models', 'compare_kernels', 'training_throughput', 'measure', 'warm_up', 'interleaved_seconds',
-           'median_spread', 'ratio_text', 'main']
+__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_kernels', 'training_throughput', 'measure',
+           'warm_up', 'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
@@ -58,6 +62,8 @@ ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) 
 # warm-up stops when one run's time is within 5% of the previous one's, or after MAX_WARMUP runs
 WARMUP_TOLERANCE = 0.05
 MAX_WARMUP = 8
+# the exact algorithms of a separable SA layer, as --paths times them; the first is the reference of the ratios
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched')
 
 
 @contextmanager
@@ -222,6 +228,42 @@ def compare_paths(
         memory_ratio=ref['peak_mb'] / max(new['peak_mb'], 1e-6),
         max_abs_diff=(ref['logits'] - new['logits']).abs().max().item(),
         buffer_bytes=position_buffers,
+    )
+
+
+def compare_attn_paths(
+        name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, **model_kwargs,
+) -> Dict[str, object]:
+    """Time every exact algorithm of :data:`EXACT_PATHS` on the SA model ``name`` (same weights, nothing folded), all
+    in one interleaved measurement; ``speed[path]`` is the median over repetitions of dense's time over the path's,
+    with its range. ``auto`` names the path ``attn_path='auto'`` takes for this device and grid."""
+    import timm
+
+    dev = torch.device(device)
+    reference = timm.create_model(name, **model_kwargs).eval().to(dev)
+    if not _separable(reference):
+        raise ValueError(f'{name} has no attention layers or some that are not separable: --paths compares the '
+                         f'exact algorithms of separable SA models (e.g. sa_quadratic_cifar, sa_learned_cifar)')
+    models = [reference] + [timm.create_model(name, **model_kwargs).eval().to(dev) for _ in EXACT_PATHS[1:]]
+    for model, path in zip(models, EXACT_PATHS):
+        model.load_state_dict(reference.state_dict())
+        set_attn_path(model, path)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    sides = [_inference(_prepared(m, compile_model), x, amp) for m in models]
+    firsts = [_first_call(side, dev) for side in sides]
+    timing = measure(sides, iters, dev, max_warmup)
+    dense_s = timing['seconds'][0]
+    grid = img_size // reference.patch_size
+    return dict(
+        name=name, img_size=img_size, batch=batch_size, reps=iters, warmup_runs=timing['warmup_runs'],
+        auto=resolve_attn_path('auto', dev.type, grid * grid),
+        img_s={path: batch_size / statistics.median(t) for path, t in zip(EXACT_PATHS, timing['seconds'])},
+        speed={path: median_spread([d / s for d, s in zip(dense_s, t)])
+               for path, t in zip(EXACT_PATHS, timing['seconds'])},
+        peak_mb={path: first['peak_mb'] for path, first in zip(EXACT_PATHS, firsts)},
+        max_abs_diff={path: (first['logits'] - firsts[0]['logits']).abs().max().item()
+                      for path, first in zip(EXACT_PATHS, firsts)},
     )
 
 
@@ -395,6 +437,35 @@ def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[
     return rows
 
 
+def _separable(model: nn.Module) -> bool:
+    layers = [m for m in model.modules() if isinstance(m, PositionalSelfAttention)]
+    return bool(layers) and all(layer.separable for layer in layers)
+
+
+def _paths(args: argparse.Namespace) -> List[Dict[str, object]]:
+    import timm
+    import timm_attnconv
+    names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n
+                            and _separable(timm.create_model(n, device='meta'))]  # structure only, no memory
+    print(_header('exact attention algorithms, inference', args))
+    print(f"{'model':24s} {'px':>4s} {'batch':>5s} {'auto':>17s} "
+          + ' '.join(f'{path + " img/s":>24s} {"speed":>19s} {"MB":>8s}' for path in EXACT_PATHS[1:])
+          + f" {'dense img/s':>11s} {'dense MB':>8s} {'max|Δlogit|':>11s}")
+    rows = []
+    for name in names:
+        for size in args.sizes:
+            batch = args.batch_size or DEFAULT_BATCH.get(size, max(1, 64 * 32 * 32 // (size * size)))
+            r = compare_attn_paths(name, size, batch, args.iters, args.device, **_options(args))
+            cells = ' '.join(f"{r['img_s'][path]:24.2f} {ratio_text(r['speed'][path]):>19s} {r['peak_mb'][path]:8.1f}"
+                             for path in EXACT_PATHS[1:])
+            print(f"{name:24s} {size:4d} {batch:5d} {r['auto']:>17s} {cells} {r['img_s']['dense']:11.2f} "
+                  f"{r['peak_mb']['dense']:8.1f} {max(r['max_abs_diff'].values()):11.2e}", flush=True)
+            rows.append(r)
+    print("speed: dense time / the path's time (> 1: faster than dense); MB: peak tensor allocations of one forward "
+          "pass; auto: the path attn_path='auto' takes here (timm_attnconv.layers.auto_path_rule).")
+    return rows
+
+
 def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
     kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
     print(_header('attention kernels, inference', args))
@@ -459,6 +530,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                         help='autocast dtype of every timed side, inference and --train (fp16 training runs without '
                              'a gradient scaler: a speed measurement, not a recipe)')
     parser.add_argument('--compile', action='store_true', help='torch.compile every timed model (each side alike)')
+    parser.add_argument('--paths', action='store_true',
+                        help='instead: time the exact attention algorithms (dense, separable_loop, '
+                             'separable_batched) of the separable SA models (or --models) against each other, and '
+                             'show the one attn_path=auto takes on this device')
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
@@ -481,6 +556,8 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         return _kernels(args)
     if args.sizes is None:
         args.sizes = [32, 64, 96]
+    if args.paths:
+        return _paths(args)
     if args.versus is not None:
         return _versus(args.versus or [('aa_resnet50', 'resnet50')], args)
     names = args.models or [n for n in timm_attnconv.list_models(filter='sa_*') if '_tiny_' not in n]

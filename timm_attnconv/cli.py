@@ -26,8 +26,9 @@ import torch.nn as nn
 from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
-           'non_negative_float', 'probability', 'json_object', 'model_name', 'device', 'create_model', 'add_model_args',
-           'add_data_dir_arg', 'add_data_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
+           'non_negative_float', 'probability', 'json_object', 'check_value', 'model_name', 'device', 'missing_device',
+           'create_model', 'add_model_args', 'add_data_dir_arg', 'add_data_args', 'add_device_arg', 'load_model',
+           'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -55,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
         parsed = super().parse_args(args, namespace)
         # checked on the parsed value, not per occurrence: a later --device overrides a recipe's earlier one that this
         # machine lacks (training/gpu/launch.sh on a CPU)
-        missing = _missing_device(parsed.device) if 'device' in vars(parsed) else None
+        missing = missing_device(parsed.device) if 'device' in vars(parsed) else None
         if missing:
             self.error(f'argument --device: {missing}')
         return parsed
@@ -92,7 +93,10 @@ def _one_line(error: BaseException) -> str:
     return f'{type(error).__name__}: {message} ({DEBUG_ENV}=1 shows the traceback)'
 
 
-def _checked(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
+def _checked(convert: Callable[[str], Any], accept: Callable[[Any], bool], wanted: str,
+             given_as: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An option's check: called on the command line's text (argparse's ``type``) and, as ``check.value``, on a value
+    given in Python, which must be of the option's kind (``given_as``) as it is: no text, no bool for a number."""
     def check(text: str) -> Any:
         try:
             value = convert(text)
@@ -101,15 +105,57 @@ def _checked(convert: Callable[[str], Any], accept: Callable[[Any], bool], wante
         if not accept(value):
             raise argparse.ArgumentTypeError(f'expected {wanted}, got {text!r}')
         return value
+
+    def value(given: Any) -> Any:
+        if not (given_as(given) and accept(given)):
+            raise argparse.ArgumentTypeError(f'expected {wanted}, got {given!r}')
+        return given
+    check.value = value
     return check
 
 
-positive_int = _checked(int, lambda v: v >= 1, 'a whole number ≥ 1')
-non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number ≥ 0')
-positive_float = _checked(float, lambda v: 0 < v < math.inf, 'a finite number > 0')
-non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, 'a finite number ≥ 0')
-probability = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)')
-json_object = _checked(json.loads, lambda v: isinstance(v, dict), 'a JSON object such as \'{"drop_rate": 0.1}\'')
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_json(value: Any) -> bool:
+    """Whether JSON keeps ``value`` as it is (lists, not tuples; no objects): run configs record options as JSON."""
+    try:
+        return json.loads(json.dumps(value)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+positive_int = _checked(int, lambda v: v >= 1, 'a whole number ≥ 1', _is_int)
+non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number ≥ 0', _is_int)
+positive_float = _checked(float, lambda v: 0 < v < math.inf, 'a finite number > 0', _is_number)
+non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, 'a finite number ≥ 0', _is_number)
+probability = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)', _is_number)
+json_object = _checked(json.loads, lambda v: isinstance(v, dict), 'a JSON object such as \'{"drop_rate": 0.1}\'',
+                       _is_json)
+
+
+def check_value(name: str, check: Any, value: Any) -> Any:
+    """``value``, given in Python for the option ``name``, through the check of its command line (a validator above,
+    :func:`model_name`, :func:`device` or a tuple of choices): what it stands for, or a :class:`UsageError` naming
+    ``name`` and what it takes, so that a library call refuses what the command refuses."""
+    if isinstance(check, tuple):
+        if value in check:
+            return value
+        raise UsageError(f"{name}: expected one of {', '.join(map(repr, check))}, got {value!r}")
+    try:
+        if hasattr(check, 'value'):
+            return check.value(value)
+        if isinstance(value, str):  # model_name, device: a name as on the command line
+            return check(value)
+        problem = f'expected a string, got {value!r}'
+    except argparse.ArgumentTypeError as e:
+        problem = str(e)
+    raise UsageError(f'{name}: {problem}')
 
 
 def model_name(text: str) -> str:
@@ -132,7 +178,8 @@ def device(text: str) -> str:
     return text
 
 
-def _missing_device(name: str) -> Optional[str]:
+def missing_device(name: str) -> Optional[str]:
+    """What is wrong with a device this machine lacks (a CUDA device torch does not see); None if it has it."""
     chosen = torch.device(name)
     if chosen.type == 'cuda' and (chosen.index or 0) >= torch.cuda.device_count():
         return (f'{name}: torch sees {torch.cuda.device_count()} CUDA device(s) here; pass --device cpu, or auto (cuda '

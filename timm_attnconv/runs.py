@@ -1,19 +1,23 @@
-"""A training run's checkpoint as a file: its digest, reading it back, and the model inside it.
+"""A training run's folder as files: the checkpoint (its digest, writing it atomically, reading it back, the model
+inside it) and the log.
 
-``python -m timm_attnconv.train`` writes the checkpoint; this module is what every other tool (evaluate, stage, viz,
-transfer) needs to read one, so that none of them depends on the trainer.
+``python -m timm_attnconv.train`` writes them through this module, and every other tool (evaluate, stage, viz,
+transfer) reads them through it, so that none of them depends on the trainer.
 """
 import hashlib
+import json
 import os
 import pickle
 import warnings
-from typing import Any, Dict, Optional
+from typing import IO, Any, Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
 
-__all__ = ['checkpoint_digest', 'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch',
-           'load_training_checkpoint']
+from .constants import CHECKPOINT, LOG
+
+__all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'build_model',
+           'read_checkpoint', 'load_weights', 'architecture_mismatch', 'load_training_checkpoint']
 
 
 def _hash_into(h: Any, obj: Any) -> None:
@@ -40,6 +44,43 @@ def checkpoint_digest(state: Dict[str, Any]) -> str:
     h = hashlib.sha256()
     _hash_into(h, {k: v for k, v in state.items() if k != 'sha256'})
     return h.hexdigest()
+
+
+def atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` through a temporary file, synced to disk, then renamed over it: a reader, or a run killed at any
+    moment, sees the old file or the new one, never a part of either."""
+    tmp = path + '.tmp'
+    with open(tmp, 'wb') as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run_dir: str, state: Dict[str, Any]) -> None:
+    """Write ``state`` with its sha256 digest as the checkpoint of ``run_dir``, atomically, then the log it holds
+    (``state['log']``) as ``log.jsonl``: after the checkpoint, so that a kill in between loses no line (resuming
+    rewrites the log from the checkpoint)."""
+    state = dict(state, sha256=checkpoint_digest(state))
+    atomic_write(os.path.join(run_dir, CHECKPOINT), lambda f: torch.save(state, f))
+    write_log(state['log'], os.path.join(run_dir, LOG))
+
+
+def write_log(entries: List[Dict[str, Any]], path: str) -> None:
+    """``log.jsonl`` as the checkpoint records it: one strict-JSON line (no NaN) per finished epoch."""
+    text = ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in entries)
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
+    """The log entries of the epochs a checkpoint has finished: its own record or, for a checkpoint written before it
+    carried one, those lines of ``log.jsonl``."""
+    if 'log' in state:
+        return state['log']
+    if not os.path.isfile(log_path):
+        return []
+    with open(log_path) as f:
+        return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
 
 
 def build_model(config: Dict[str, Any]) -> nn.Module:

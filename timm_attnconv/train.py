@@ -3,6 +3,10 @@
     python -m timm_attnconv.train --model sa_quadratic_tiny_cifar --output runs/sa_quadratic_tiny_cifar
     torchrun --nproc_per_node 4 -m timm_attnconv.train --model sa_quadratic_cifar --output runs/x --batch-size 256
 
+From Python, ``train(TrainConfig(model='sa_quadratic_tiny_cifar', output='runs/x'))`` runs the same: each option is a
+field of :class:`~timm_attnconv.train_config.TrainConfig`, with the command's default and check, and ``main(argv)``
+parses a command line into one.
+
 Every epoch ends with an atomic checkpoint ``<output>/last.pth.tar`` (model, optimizer, scheduler, EMA, RNG, epoch and
 step, the run's log and a sha256 digest of all of it) and, every ``--eval-every`` epochs and after the last, a test-set
 evaluation (of the EMA too with ``--eval-ema``, else after the last epoch only); ``<output>/log.jsonl``, one
@@ -32,7 +36,8 @@ import os
 import signal
 import time
 from contextlib import contextmanager, nullcontext
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import MISSING, fields
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -42,69 +47,31 @@ from . import cli
 from .constants import AMP_DTYPES, CHECKPOINT, LOG
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
-from .runs import checkpoint_digest, read_checkpoint
+from .runs import logged_epochs, read_checkpoint, save_checkpoint, write_log
+from .train_config import RUNTIME_KEYS, TrainConfig, check_resumable, initial_model, option_default
 
-__all__ = ['main']
+__all__ = ['TrainConfig', 'train', 'main']
 
 LOCK = 'train.lock'
-# options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
-# test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
-RESUME_KEYS = ('model', 'model_kwargs', 'epochs', 'batch_size', 'opt', 'lr', 'weight_decay', 'sched', 'warmup_epochs',
-               'min_lr', 'smoothing', 'clip_grad', 'model_ema', 'model_ema_decay', 'amp', 'seed', 'train_limit',
-               'eval_limit', 'init_from')
-# sha256 prefixes of the images a run trains and tests on, checked on resume too, with the options that pick them:
-# the images matter, not their path (a moved copy of the data resumes)
-DATA_KEYS = {'train_data': '--data-dir / --train-limit', 'test_data': '--data-dir / --eval-limit'}
-# how a run executes, not what it computes (they change it by float rounding only): free to change on resume, and
-# recorded in every log line, whose throughput depends on them
-RUNTIME_KEYS = ('device', 'channels_last', 'compile')
 DIVERGED_FIX = ('running the same command again repeats it; start over with another --output and a lower --lr, '
                 '--clip-grad (e.g. 1.0) or more --warmup-epochs')
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line of :class:`TrainConfig`: an option per field, with the field's default, check and help."""
     p = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
-    p.add_argument('--model', required=True, type=cli.model_name)
-    p.add_argument('--model-kwargs', type=cli.json_object, default={}, help='JSON dict for timm.create_model')
-    p.add_argument('--init-from', default=None,
-                   help='start from these pretrained weights (e.g. sa_learned_tiny_cifar.c10) or .safetensors file '
-                        'instead of a random init; a model of another layout must support it '
-                        '(SelfAttentionNet.init_from)')
-    cli.add_data_dir_arg(p, 'train.npz / test.npz')
-    p.add_argument('--output', required=True, help='run folder: checkpoint, log.jsonl')
-    p.add_argument('--epochs', type=cli.positive_int, default=30)
-    p.add_argument('--batch-size', type=cli.positive_int, default=128)
-    p.add_argument('--opt', default='adamw', help='timm optimizer name')
-    p.add_argument('--lr', type=cli.non_negative_float, default=2e-3)
-    p.add_argument('--weight-decay', type=cli.non_negative_float, default=0.05)
-    p.add_argument('--sched', default='cosine', help='timm scheduler name')
-    p.add_argument('--warmup-epochs', type=cli.non_negative_int, default=1)
-    p.add_argument('--min-lr', type=cli.non_negative_float, default=1e-5)
-    p.add_argument('--smoothing', type=cli.probability, default=0.1, help='label smoothing')
-    p.add_argument('--clip-grad', type=cli.positive_float, default=None, help='clip the gradient norm to this value')
-    p.add_argument('--model-ema', action='store_true', help='keep an EMA of the weights (timm ModelEmaV3)')
-    p.add_argument('--model-ema-decay', type=cli.probability, default=0.999)
-    p.add_argument('--amp', choices=tuple(AMP_DTYPES), default='none',
-                   help='autocast dtype (bf16 pays off only on CPUs with bf16 units and on GPUs)')
-    p.add_argument('--channels-last', action='store_true')
-    p.add_argument('--compile', action='store_true', help='torch.compile the model')
-    cli.add_device_arg(p)
-    p.add_argument('--seed', type=cli.non_negative_int, default=42)
-    p.add_argument('--train-limit', type=cli.positive_int, default=None,
-                   help='first N training images only (smoke tests)')
-    p.add_argument('--eval-limit', type=cli.positive_int, default=None,
-                   help='first N test images only (smoke tests); fixed for the run, so its log compares like with like')
-    p.add_argument('--max-steps', type=cli.positive_int, default=None,
-                   help='stop (with a checkpoint) after this many steps')
-    p.add_argument('--eval-every', type=cli.positive_int, default=1,
-                   help='test the weights every N epochs and after the last; the log line of an epoch without a test '
-                        'has no test_* keys')
-    p.add_argument('--eval-ema', action='store_true',
-                   help='test the EMA weights at every test of the weights, not only after the last epoch')
-    p.add_argument('--log-interval', type=cli.positive_int, default=50,
-                   help='check the training loss and update the progress bar every N steps: the only points in '
-                        'an epoch where the host waits for the device')
-    p.add_argument('--no-resume', action='store_true', help='refuse to start if the output holds a checkpoint')
+    for option in fields(TrainConfig):
+        flag, default, meta = f"--{option.name.replace('_', '-')}", option_default(option), option.metadata
+        if option.name == 'data_dir':
+            cli.add_data_dir_arg(p, 'train.npz / test.npz')
+        elif option.name == 'device':
+            cli.add_device_arg(p)
+        elif isinstance(default, bool):
+            p.add_argument(flag, action='store_true', help=meta['help'])
+        else:
+            check = dict(choices=meta['check']) if isinstance(meta['check'], tuple) else dict(type=meta['check'])
+            given = dict(required=True) if default is MISSING else dict(default=default)
+            p.add_argument(flag, **check, **given, help=meta['help'])
     return p
 
 
@@ -144,34 +111,6 @@ def _exclusive(output: str) -> Iterator[None]:
         yield
 
 
-def _atomic_write(path: str, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``path`` through a temporary file, synced to disk, then renamed over it: a reader, or a run killed at any
-    moment, sees the old file or the new one, never a part of either."""
-    tmp = path + '.tmp'
-    with open(tmp, 'wb') as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_log(entries: List[Dict[str, Any]], path: str) -> None:
-    """``log.jsonl`` as the checkpoint records it: one strict-JSON line (no NaN) per finished epoch."""
-    text = ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in entries)
-    _atomic_write(path, lambda f: f.write(text.encode()))
-
-
-def _logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
-    """The log entries of the epochs a checkpoint has finished: its own record or, for a checkpoint written before it
-    carried one, those lines of ``log.jsonl``."""
-    if 'log' in state:
-        return state['log']
-    if not os.path.isfile(log_path):
-        return []
-    with open(log_path) as f:
-        return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
-
-
 def _data_digest(images: torch.Tensor, labels: torch.Tensor) -> str:
     h = hashlib.sha256(images.contiguous().numpy())
     h.update(labels.contiguous().numpy())
@@ -200,17 +139,6 @@ def _refuse_non_finite(obj: Any, when: str, ckpt_path: str) -> None:
         raise FloatingPointError(f'the run diverged in {when}: {problem}. Nothing was saved ({kept}); {DIVERGED_FIX}')
 
 
-def _config(args: argparse.Namespace, data: Dict[str, str], world_size: int) -> Dict[str, Any]:
-    return dict({k: getattr(args, k) for k in RESUME_KEYS}, **data, world_size=world_size)
-
-
-def initial_model(config: Dict[str, Any]) -> nn.Module:
-    """The model exactly as a run with ``config`` starts: torch's RNG seeded with ``config['seed']``, then built."""
-    torch.manual_seed(config['seed'])
-    # the same model as runs.build_model, with a kwarg the model does not take named as the option that passed it
-    return cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
-
-
 def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
     """Load the pretrained weights ``name`` into ``model``: as they are when the layouts match, else through the
     model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one). ``name`` may also
@@ -228,26 +156,6 @@ def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
     return model
 
 
-def _check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) -> None:
-    defaults = {k: _parser().get_default(k) for k in RESUME_KEYS}
-    diff = [f'{k}: checkpoint {saved.get(k, defaults[k])!r} vs now {config[k]!r}'
-            for k in RESUME_KEYS if saved.get(k, defaults[k]) != config[k]]
-    diff += [f'{k} ({options}): checkpoint {saved[k]} vs now {config[k]}'
-             for k, options in DATA_KEYS.items() if k in saved and saved[k] != config[k]]
-    if diff:
-        raise ValueError(f"cannot resume {path!r} with different settings ({'; '.join(diff)}): the result would "
-                         f'differ from an uninterrupted run. Use the original options or another --output folder')
-    before, now = saved.get('world_size', 1), config['world_size']
-    if before != now:
-        launch = f'torchrun --nproc_per_node {before} -m timm_attnconv.train' if before > 1 else 'without torchrun'
-        raise ValueError(f'cannot resume {path!r} with world size {now}: it was trained by {before} process(es), and '
-                         f'every process keeps its own random state (dropout masks) and share of each batch, so '
-                         f'another count would not continue the run exactly. Launch it as it started ({launch}) or '
-                         f'pass another --output')
-    if any(k not in saved for k in DATA_KEYS):
-        print(f'note: {path!r} predates data digests; the images under --data-dir are not checked against the run')
-
-
 def _note_runtime_change(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> None:
     changed = [f'{k} {now[k]} (was {before[k]})' for k in RUNTIME_KEYS if before and before.get(k) != now[k]]
     if changed:
@@ -255,10 +163,10 @@ def _note_runtime_change(before: Optional[Dict[str, Any]], now: Dict[str, Any]) 
               f'match an uninterrupted one bit for bit')
 
 
-def _load_data(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    train_x, train_y = load_cifar10(args.data_dir, 'train')
-    test_x, test_y = load_cifar10(args.data_dir, 'test')
-    train_limit, eval_limit = args.train_limit or None, args.eval_limit or None
+def _load_data(config: TrainConfig) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    train_x, train_y = load_cifar10(config.data_dir, 'train')
+    test_x, test_y = load_cifar10(config.data_dir, 'test')
+    train_limit, eval_limit = config.train_limit or None, config.eval_limit or None
     return train_x[:train_limit], train_y[:train_limit], test_x[:eval_limit], test_y[:eval_limit]
 
 
@@ -278,18 +186,24 @@ def _device(name: str, local_rank: int, world: int) -> torch.device:
     return device
 
 
-def train(args: argparse.Namespace) -> Dict[str, Any]:
+def train(config: TrainConfig) -> Dict[str, Any]:
+    """Run, or resume, the training run ``config`` describes (see the module docstring); under torchrun, this process's
+    share of it. Returns the last epoch's log entry with ``epoch`` and ``stopped`` (and ``step_in_epoch`` when it
+    stopped within an epoch)."""
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f'train() takes a TrainConfig, not {type(config).__name__}: TrainConfig(**vars(args)) turns '
+                        f'parsed options into one')
     rank, world, local_rank = _launch()
-    device = _device(args.device, local_rank, world)
+    device = _device(config.device, local_rank, world)
     if world > 1:
         import torch.distributed as dist
         dist.init_process_group('nccl' if device.type == 'cuda' else 'gloo')
     try:
-        os.makedirs(args.output, exist_ok=True)
-        with _exclusive(args.output) if rank == 0 else nullcontext():
+        os.makedirs(config.output, exist_ok=True)
+        with _exclusive(config.output) if rank == 0 else nullcontext():
             if world > 1:
                 dist.barrier()  # the other processes start once rank 0 holds the folder
-            return _train(args, device, rank, world)
+            return _train(config, device, rank, world)
     finally:
         if world > 1:
             dist.destroy_process_group()
@@ -326,59 +240,59 @@ def _restore_process_state(state: Dict[str, Any], device: torch.device) -> float
     return state['loss_sum']
 
 
-def _evaluates(args: argparse.Namespace, epoch: int) -> Tuple[bool, bool]:
+def _evaluates(config: TrainConfig, epoch: int) -> Tuple[bool, bool]:
     """Whether epoch ``epoch`` (1-based) ends with a test of the weights, and of the EMA: every ``--eval-every``
     epochs and after the last; the EMA with ``--eval-ema``, else after the last epoch only."""
-    last = epoch == args.epochs
-    weights = last or epoch % args.eval_every == 0
-    return weights, bool(args.model_ema) and (last or (weights and args.eval_ema))
+    last = epoch == config.epochs
+    weights = last or epoch % config.eval_every == 0
+    return weights, bool(config.model_ema) and (last or (weights and config.eval_ema))
 
 
-def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int) -> Dict[str, Any]:
+def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> Dict[str, Any]:
     from timm.loss import LabelSmoothingCrossEntropy
     from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
     from timm.utils import ModelEmaV3
 
-    ckpt_path, log_path = os.path.join(args.output, CHECKPOINT), os.path.join(args.output, LOG)
-    train_x, train_y, test_x, test_y = _load_data(args)
-    config = _config(args, dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)),
-                     world)
+    ckpt_path, log_path = os.path.join(config.output, CHECKPOINT), os.path.join(config.output, LOG)
+    train_x, train_y, test_x, test_y = _load_data(config)
+    run_config = config.run_config(
+        dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)), world)
     # the whole data set lives on the device: batches are picked and augmented there (EpochBatches)
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
-    runtime = {k: getattr(args, k) for k in RUNTIME_KEYS}
+    runtime = {k: getattr(config, k) for k in RUNTIME_KEYS}
 
-    model = initial_model(config)  # seeds torch's RNG for the whole run
-    if args.init_from and not os.path.isfile(ckpt_path):
-        init_from_pretrained(model, args.init_from)
+    model = initial_model(run_config)  # seeds torch's RNG for the whole run
+    if config.init_from and not os.path.isfile(ckpt_path):
+        init_from_pretrained(model, config.init_from)
     if rank:  # each process its own dropout masks; rank 0 draws as a single process does
-        torch.manual_seed(args.seed * 1_000_003 + rank)
+        torch.manual_seed(config.seed * 1_000_003 + rank)
     model = model.to(device)
-    if args.channels_last:
+    if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     mean, std = (torch.tensor(model.pretrained_cfg[k], device=device) for k in ('mean', 'std'))
-    batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, 0, rank=rank, world_size=world)
+    batches = EpochBatches(train_x, train_y, config.batch_size, config.seed, 0, rank=rank, world_size=world)
     steps_per_epoch = len(batches)
     if steps_per_epoch == 0:
-        raise ValueError(f'{train_y.shape[0]} training images make no batch of {args.batch_size}')
-    optimizer = create_optimizer_v2(model, args.opt, lr=args.lr, weight_decay=args.weight_decay)
+        raise ValueError(f'{train_y.shape[0]} training images make no batch of {config.batch_size}')
+    optimizer = create_optimizer_v2(model, config.opt, lr=config.lr, weight_decay=config.weight_decay)
     scheduler, _ = create_scheduler_v2(
-        optimizer, args.sched, num_epochs=args.epochs, warmup_epochs=args.warmup_epochs, min_lr=args.min_lr,
+        optimizer, config.sched, num_epochs=config.epochs, warmup_epochs=config.warmup_epochs, min_lr=config.min_lr,
         step_on_epochs=False, updates_per_epoch=steps_per_epoch)
-    ema = ModelEmaV3(model, decay=args.model_ema_decay) if args.model_ema and rank == 0 else None
-    criterion = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
-    amp_dtype = AMP_DTYPES[args.amp]
-    grad_scaler = torch.amp.GradScaler(device.type) if args.amp == 'fp16' else None
+    ema = ModelEmaV3(model, decay=config.model_ema_decay) if config.model_ema and rank == 0 else None
+    criterion = LabelSmoothingCrossEntropy(config.smoothing) if config.smoothing > 0 else nn.CrossEntropyLoss()
+    amp_dtype = AMP_DTYPES[config.amp]
+    grad_scaler = torch.amp.GradScaler(device.type) if config.amp == 'fp16' else None
 
     epoch, step_in_epoch, global_step, log = 0, 0, 0, []
     # the epoch's loss so far, summed on the device: reading it makes the host wait for the device
     loss_sum, loss_images = torch.zeros((), dtype=torch.float64, device=device), 0
     if os.path.isfile(ckpt_path):
-        if args.no_resume:
+        if config.no_resume:
             raise FileExistsError(f'{ckpt_path!r} exists and --no-resume was given')
         state = read_checkpoint(ckpt_path)
-        _check_resumable(state['config'], config, ckpt_path)
-        log = _logged_epochs(state, log_path)
+        check_resumable(state['config'], run_config, ckpt_path)
+        log = logged_epochs(state, log_path)
         problem = _non_finite(dict(state, log=log))
         if problem:  # saved by a trainer from before the divergence check
             raise FloatingPointError(f'{ckpt_path!r} holds {problem}: it was saved after the run diverged; '
@@ -396,7 +310,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
         epoch, step_in_epoch, global_step = state['epoch'], state['step_in_epoch'], state['global_step']
         loss_images = state.get('loss_images', 0)
         if rank == 0:
-            _write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
+            write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
             _note_runtime_change(state.get('runtime'), runtime)
             print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
     elif os.path.isfile(log_path):
@@ -407,7 +321,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
     forward = model
     if world > 1:
         forward = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == 'cuda' else None)
-    if args.compile:
+    if config.compile:
         forward = torch.compile(forward)
 
     def save(when: str) -> None:
@@ -415,15 +329,13 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
         if rank != 0:
             return
         state = dict(
-            config=config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step, loss_images=loss_images,
-            model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-            ema=ema.state_dict() if ema is not None else None,
+            config=run_config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
+            loss_images=loss_images, model=model.state_dict(), optimizer=optimizer.state_dict(),
+            scheduler=scheduler.state_dict(), ema=ema.state_dict() if ema is not None else None,
             scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
             processes=processes, runtime=runtime, log=log)
         _refuse_non_finite(state, when, ckpt_path)
-        state['sha256'] = checkpoint_digest(state)
-        _atomic_write(ckpt_path, lambda f: torch.save(state, f))
-        _write_log(log, log_path)  # after the checkpoint, which holds the log: a kill in between loses no line
+        save_checkpoint(config.output, state)
 
     def progress(stop_requested: bool) -> Tuple[float, bool]:
         """The epoch's mean training loss so far, over all processes, and whether any process was asked to stop. The
@@ -435,15 +347,15 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
     stop = _StopFlag()
     result: Dict[str, Any] = dict(stopped=False, epoch=epoch)
     try:
-        while epoch < args.epochs:
+        while epoch < config.epochs:
             model.train()
-            batches = EpochBatches(train_x, train_y, args.batch_size, args.seed, epoch, rank=rank, world_size=world)
-            bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f'epoch {epoch + 1}/{args.epochs}',
+            batches = EpochBatches(train_x, train_y, config.batch_size, config.seed, epoch, rank=rank, world_size=world)
+            bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f'epoch {epoch + 1}/{config.epochs}',
                        unit='batch', dynamic_ncols=True, disable=rank != 0)
             seen, start, stop_agreed = 0, time.perf_counter(), False
             for images, labels in batches.iterate(step_in_epoch):
                 x = normalize(images, mean, std)
-                if args.channels_last:
+                if config.channels_last:
                     x = x.contiguous(memory_format=torch.channels_last)
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     loss = criterion(forward(x), labels)
@@ -453,8 +365,8 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
                     grad_scaler.unscale_(optimizer)
                 else:
                     loss.backward()
-                if args.clip_grad:
-                    nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
+                if config.clip_grad:
+                    nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
                 if grad_scaler is not None:
                     grad_scaler.step(optimizer)
                     grad_scaler.update()
@@ -466,10 +378,10 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
                 if ema is not None:
                     ema.update(model, step=global_step)
                 loss_sum.add_(loss.detach(), alpha=labels.shape[0])
-                loss_images += args.batch_size
-                seen += args.batch_size
+                loss_images += config.batch_size
+                seen += config.batch_size
                 bar.update()
-                if global_step % args.log_interval == 0:
+                if global_step % config.log_interval == 0:
                     mean_loss, stop_agreed = progress(stop.requested)
                     _refuse_non_finite({'the training loss': mean_loss}, f'epoch {epoch + 1} by step {step_in_epoch}',
                                        ckpt_path)
@@ -477,7 +389,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
                                     lr=f"{optimizer.param_groups[0]['lr']:.2e}")
                 # processes stop together: a single one at the next step, those of torchrun when they agreed above
                 stopping = stop.requested if world == 1 else stop_agreed
-                if stopping or (args.max_steps and global_step >= args.max_steps):
+                if stopping or (config.max_steps and global_step >= config.max_steps):
                     bar.close()
                     save(f'epoch {epoch + 1}, step {step_in_epoch}')
                     if rank == 0:
@@ -490,7 +402,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
             seconds = time.perf_counter() - start
             entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=train_loss,
                          lr=optimizer.param_groups[0]['lr'], train_img_s=seen / seconds, epoch_seconds=seconds)
-            test_weights, test_ema = _evaluates(args, epoch + 1)
+            test_weights, test_ema = _evaluates(config, epoch + 1)
             if rank == 0 and test_weights:
                 entry.update({f'test_{k}': v for k, v in evaluate(model, test_x, test_y).items()})
             if rank == 0 and test_ema:
@@ -511,7 +423,7 @@ def _train(args: argparse.Namespace, device: torch.device, rank: int, world: int
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    return train(_parser().parse_args(argv))
+    return train(TrainConfig(**vars(_parser().parse_args(argv))))
 
 
 if __name__ == '__main__':

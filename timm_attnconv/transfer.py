@@ -21,8 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from . import cli
 from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILES
-from .runs import read_checkpoint
-from .train import _atomic_write
+from .runs import atomic_write, read_checkpoint
 
 __all__ = ['export', 'join', 'main']
 
@@ -128,7 +127,7 @@ def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
         with open(_find(name, sources)[0], 'rb') as f:
             joined[name] = f.read()
     for name, data in joined.items():
-        _atomic_write(os.path.join(run_dir, name), lambda f: f.write(data))
+        atomic_write(os.path.join(run_dir, name), lambda f: f.write(data))
     return {name: record['sha256'] for name, record in manifest['files'].items()}
 
 

@@ -142,7 +142,7 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
     ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
     from .runs import architecture_mismatch, load_weights, read_checkpoint
-    from .train import initial_model
+    from .train_config import initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')

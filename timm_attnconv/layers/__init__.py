@@ -5,7 +5,8 @@ from .evolving import AttentionEvolution, ChainedAAConv2d, ChainedAttention, Cha
 from .position_scores import (
     POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
     per_query_axis_terms, position_term)
-from .positional_attention import ATTN_PATHS, PositionalSelfAttention, set_attn_path
+from .positional_attention import (
+    ATTN_PATHS, PositionalSelfAttention, auto_path_rule, resolve_attn_path, set_attn_path)
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length
 from .attention_kernels import (
     ATTN_KERNELS, check_attn_kernel, choose_kernel, flex_unsupported_reason, relative_attention, relative_bias,

@@ -61,13 +61,26 @@ class AttentionEvolution(nn.Module):
             raise ValueError(f'this evolving-attention layer expects the previous layer\'s logits of shape '
                              f'{list(logits.shape)} but got {got}: thread the chain state through the model\'s '
                              f'forward (layers are linked for the default input size)')
-        mixed = (1. - self.evolve_residual) * logits + self.evolve_residual * prev
-        # few channels on a large N×N image: channels_last convolution measured 2.6× faster on CPU (BENCHMARK.md);
-        # the result goes back to the contiguous layout the softmax over keys wants
-        evolved = F.relu(self.conv(mixed.contiguous(memory_format=torch.channels_last))).contiguous()
-        if self.evolve_conv_weight == 1.:
-            return evolved
-        return self.evolve_conv_weight * evolved + (1. - self.evolve_conv_weight) * mixed
+        # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
+        # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
+        mixed = torch.lerp(logits, prev.to(logits.dtype), self.evolve_residual)
+        # few channels on a large N×N image: channels_last convolution measured 2.6× faster on CPU (BENCHMARK.md)
+        mixed = mixed.contiguous(memory_format=torch.channels_last)
+        evolved = F.relu(self._conv_in_maps_dtype(mixed), inplace=True)  # the conv's backward needs no output
+        if self.evolve_conv_weight != 1.:
+            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M, still channels_last
+        return evolved.contiguous()  # the layout the softmax over keys wants
+
+    def _conv_in_maps_dtype(self, maps: torch.Tensor) -> torch.Tensor:
+        # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
+        # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
+        # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
+        if torch.jit.is_scripting():
+            # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
+            return self.conv(maps).to(maps.dtype)
+        bias = self.conv.bias.to(maps.dtype) if self.conv.bias is not None else None
+        with torch.autocast(maps.device.type, enabled=False):
+            return F.conv2d(maps, self.conv.weight.to(maps.dtype), bias, padding=self.conv.padding)
 
 
 def link_chain(layers: Sequence[nn.Module], grids: Sequence[Tuple[int, int]], evolve_residual: float = 0.5,

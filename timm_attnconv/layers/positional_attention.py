@@ -11,6 +11,9 @@ When the position term does not depend on the input and is a sum of a row and a 
 over the ``H·W`` keys factorises, ``A[(i,j),(k,l)] = A_rows[i,k] · A_cols[j,l]``, because both the exponentials and
 their normaliser are products. ``A X`` is then two 1-D contractions, ``O(HW(H+W)D)`` per head instead of
 ``O((HW)²D)``, with the same result (the ``separable`` path). ``dense`` is the original algorithm.
+
+Which exact algorithm is fastest depends on the device and the grid, not on the maths: :func:`auto_path_rule` holds
+the measured choice and :func:`resolve_attn_path` applies it at every call, from the device the input is on.
 """
 from typing import Optional, Tuple
 
@@ -22,9 +25,49 @@ from .attention_interface import AttentionLayer
 from .position_scores import position_term
 from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
-__all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'set_attn_path']
+__all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
-ATTN_PATHS = ('auto', 'dense', 'separable')
+# what attn_path may ask for; the last two force one form of the separable algorithm (benchmarks, tests)
+ATTN_PATHS = ('auto', 'dense', 'separable', 'separable_loop', 'separable_batched')
+SEPARABLE_PATHS = ('separable', 'separable_loop', 'separable_batched')
+
+
+def auto_path_rule(device_type: str) -> Tuple[int, str]:
+    """The measured rule of ``attn_path='auto'`` for a separable layer on ``device_type``: ``(largest grid, in tokens
+    H·W, that runs 'dense'; the separable form for larger grids and for attn_path='separable')``.
+
+    The one place the choice lives. Its rows, and why:
+
+    * ``cpu``: the per-head loop beat the dense algorithm at every grid measured (16×16 tokens included: 1.68× the
+      original algorithm in fp32, batch 64); the batched form only matched the loop at inference, was slower in
+      training and holds heads·D-wide intermediates the loop never builds. Dense is never picked there.
+    * ``cuda`` (H100, the per-head loop against dense): bf16 batch 256 at 16×16 tokens, dense 1.8× faster (18,758 vs
+      10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
+      at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, in the batched form (all heads in one
+      contraction). The crossover was measured with the loop only and is not re-measured for the batched form, whose
+      GPU speed is not measured yet (``python -m timm_attnconv.benchmark --paths`` times all three).
+    * other devices keep what every device ran before this table: the loop, everywhere it is exact.
+    """
+    rules = {
+        'cpu': (0, 'separable_loop'),
+        'cuda': (16 * 16, 'separable_batched'),
+    }
+    return rules.get(device_type, (0, 'separable_loop'))
+
+
+def resolve_attn_path(attn_path: str, device_type: str, num_tokens: int) -> str:
+    """The algorithm ``attn_path`` runs for a separable layer on ``device_type`` (``x.device.type``) over a grid of
+    ``num_tokens`` query tokens: ``'dense'``, ``'separable_loop'`` or ``'separable_batched'``.
+
+    ``'auto'`` and ``'separable'`` follow :func:`auto_path_rule` (``'separable'`` takes the device's separable form at
+    every grid); ``'dense'`` and the two forms are taken as asked.
+    """
+    if attn_path == 'dense' or attn_path == 'separable_loop' or attn_path == 'separable_batched':
+        return attn_path
+    dense_up_to, separable_form = auto_path_rule(device_type)
+    if attn_path == 'auto' and num_tokens <= dense_up_to:
+        return 'dense'
+    return separable_form
 
 
 @register_notrace_module  # grid-size-dependent control flow: a leaf for FX feature extraction
@@ -46,7 +89,12 @@ class PositionalSelfAttention(AttentionLayer):
         out_dim: output width (default ``dim``; the Cordonnier et al. models keep the width, Theorem 1 need not).
         attn_path: ``'dense'`` (the original algorithm: full ``(HW)²`` maps, one einsum over all heads, then
             ``proj_heads``), ``'separable'`` (exact factorised softmax; needs a separable, input-independent position
-            term) or ``'auto'`` (``separable`` where it is exact, else ``dense``).
+            term) or ``'auto'`` (the faster exact path for the input's device and grid, :func:`auto_path_rule`;
+            ``dense`` where separable is inexact). The separable algorithm has two forms, chosen per device by the
+            same table: a loop over heads that applies each head's value map as soon as its average is formed
+            (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
+            ``'separable_batched'`` force one. A forced separable path raises ``ValueError`` where it cannot run:
+            at construction for an inexact position term, in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
             ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
@@ -88,9 +136,9 @@ class PositionalSelfAttention(AttentionLayer):
         self.separable = (not content) and self.pos.separable
         # the position term is a row term plus a column term per query (q·r, or a separable input-independent term)
         self.axis_position = self.query_position or self.pos.separable
-        if attn_path == 'separable' and not self.separable:
+        if attn_path in SEPARABLE_PATHS and not self.separable:
             raise ValueError(
-                f"attn_path='separable' needs an input-independent row+column position term; position={position!r}"
+                f"attn_path={attn_path!r} needs an input-independent row+column position term; position={position!r}"
                 f"{' with content' if content else ''} is not separable: use attn_path='dense' or 'auto'")
         self.attn_path = attn_path
         self.fused_attn = use_fused_attn()
@@ -104,11 +152,19 @@ class PositionalSelfAttention(AttentionLayer):
         self.proj = nn.Linear(out_dim, out_dim, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _use_separable(self) -> bool:
+    def _algorithm(self, x: torch.Tensor) -> str:
+        """The algorithm of this call: ``'dense'``, ``'separable_loop'`` or ``'separable_batched'``. Decided per call,
+        from the device ``x`` is on, so a model moved between devices takes each device's choice."""
         if not self.separable or self.attn_path == 'dense' or self.form_maps:
-            return False
-        # dropout on a factorised map would not be dropout on the map: keep the original maths while it is active
-        return not (self.training and self.attn_drop.p > 0)
+            return 'dense'
+        if self.training and self.attn_drop.p > 0:
+            # dropout on a factorised map would not be dropout on the map: keep the original maths while it is active
+            if self.attn_path != 'auto':
+                raise ValueError(
+                    "attn_path='" + self.attn_path + "' cannot apply attention dropout (it never forms the maps); "
+                    "train with attn_path='auto' (dense while dropout is active) or attn_drop_rate=0")
+            return 'dense'
+        return resolve_attn_path(self.attn_path, x.device.type, x.shape[1] * x.shape[2])
 
     def _content_qk(self, tokens: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         # (B, N, D) -> q, k of shape (B, heads, N, D)
@@ -150,7 +206,7 @@ class PositionalSelfAttention(AttentionLayer):
         """Attention probabilities ``(1 or B, heads, H·W, H·W)`` (without dropout), for analysis and tests."""
         return self.attention_logits(x).softmax(dim=-1)
 
-    def _attend_separable(self, x: torch.Tensor) -> torch.Tensor:
+    def _attend_separable_loop(self, x: torch.Tensor) -> torch.Tensor:
         # Σ_h (A_rows,h ⊗ A_cols,h) X W_hᵀ, one head at a time: measured faster on CPU than materialising the
         # heads·D-wide concatenation, at every grid size tried (README, benchmark), and it never needs an (HW)² map.
         batch, height, width, dim = x.shape
@@ -166,6 +222,23 @@ class PositionalSelfAttention(AttentionLayer):
             y = y.reshape(batch * height * width, dim)
             out = torch.addmm(out, y, weight[:, head * dim:(head + 1) * dim].t())  # this head's value map, summed
         return out.reshape(batch, height, width, -1)
+
+    def _attend_separable_batched(self, x: torch.Tensor) -> torch.Tensor:
+        # The same sum as _attend_separable_loop with every head in one contraction per step: one matrix product mixes
+        # the key rows of all heads, one batched product (heads as the batch) the key columns, and proj_heads applies
+        # the value maps to the heads·D-wide concatenation as one GEMM, as the dense path does. Few large kernels
+        # instead of 3 per head: the shape a GPU wants.
+        batch, height, width, dim = x.shape
+        heads = self.num_heads
+        rows, cols = self.pos.axis_logits(height, width)
+        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        # keys' row axis first and column axis last, so that each step contracts an outer axis of one operand
+        by_rows = x.permute(1, 0, 3, 2).reshape(height, batch * dim * width)  # (H_k, B·D·W_l)
+        y = rows.reshape(heads * height, height) @ by_rows  # mix key rows: (heads·H, B·D·W_l)
+        y = y.reshape(heads, height * batch * dim, width).transpose(1, 2)  # (heads, W_l, H·B·D), a view
+        y = torch.bmm(cols, y)  # mix key columns: (heads, W, H·B·D)
+        y = y.reshape(heads, width, height, batch, dim).permute(3, 2, 1, 0, 4)  # (B, H, W, heads, D)
+        return self.proj_heads(y.reshape(batch, height, width, heads * dim))
 
     def _content_kernel(self, q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, rows: Optional[torch.Tensor],
                         dense_bias: bool, dropout_p: float) -> str:
@@ -215,7 +288,13 @@ class PositionalSelfAttention(AttentionLayer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``(B, H, W, D)`` tokens → ``(B, H, W, D)``."""
-        out = self._attend_separable(x) if self._use_separable() else self._attend_dense(x)
+        algorithm = self._algorithm(x)
+        if algorithm == 'separable_loop':
+            out = self._attend_separable_loop(x)
+        elif algorithm == 'separable_batched':
+            out = self._attend_separable_batched(x)
+        else:
+            out = self._attend_dense(x)
         return self.proj_drop(self.proj(out))
 
     @torch.no_grad()
@@ -237,11 +316,11 @@ class PositionalSelfAttention(AttentionLayer):
 
 
 def set_attn_path(model: nn.Module, attn_path: str) -> nn.Module:
-    """Switch every :class:`PositionalSelfAttention` of ``model`` to ``attn_path``; ``'separable'`` only where exact
+    """Switch every :class:`PositionalSelfAttention` of ``model`` to ``attn_path``; a separable path only where exact
     (other layers take ``'auto'``, which is ``'dense'`` for them). Returns ``model``."""
     if attn_path not in ATTN_PATHS:
         raise ValueError(f'attn_path must be one of {ATTN_PATHS}, got {attn_path!r}')
     for module in model.modules():
         if isinstance(module, PositionalSelfAttention):
-            module.attn_path = 'auto' if attn_path == 'separable' and not module.separable else attn_path
+            module.attn_path = 'auto' if attn_path in SEPARABLE_PATHS and not module.separable else attn_path
     return model
