@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine, before any training starts (a busy GPU makes every ratio meaningless): every comparison of
+# issue 18 in one go, bf16 autocast, interleaved sides, eager then compiled where it says so. Prints to stdout and
+# to $OUT/benchmark.txt (or ./benchmark.txt). Each of its 9 steps is cut at 90 s, so it can outlast one 10-minute call:
+# start it in the background and collect the file (its time on an H100 is not measured yet).
+# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh > /tmp/benchmark.out 2>&1 &    (--quick: 2 repetitions)
+set -uo pipefail
+iters=10; [ "${1:-}" = --quick ] && iters=2
+mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt
+B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
+step() { echo "\$ $*" | tee -a "$out"; timeout 90 "$@" 2>&1 | tee -a "$out"; }
+: > "$out"
+python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__,
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$out"
+# SA: the paths 'auto' chooses between, at the three grid sizes (item 1), then the default against dense
+step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
+for c in "" --compile; do
+  step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs '{"attn_path": "dense"}' --sizes 32 \
+    --batch-size 256
+done
+# fused relative-position kernels (item 2) and the AA / EA pairs against their peers (item 3)
+step $B --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 128
+for c in "" --compile; do
+  step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+done
+step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
+step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
+# training steps of the CIFAR models the trainer runs (batch 256, 32 px)
+step $B --train --models sa_quadratic_cifar sa_learned_content_cifar aa_resnet20_cifar --batch-size 256
