@@ -8,7 +8,7 @@ from timm_attnconv.data import load_samples
 from timm_attnconv.evaluate import predict_logits, scores
 from timm_attnconv.theory import conv_to_attention, convert_convs, hard_attention_alpha
 
-from .test_data import REAL_DATA_DIR, needs_data
+from .test_data import REAL_DATA_DIR
 
 GRID = [  # (in, out, kernel, stride, padding, dilation, bias)
     (3, 8, 3, 1, 1, 1, True), (5, 2, 3, 2, 1, 1, False), (4, 6, 5, 1, 2, 1, True), (4, 4, 3, 1, 2, 2, True),
@@ -61,7 +61,7 @@ def test_a_trained_cnn_keeps_its_predictions_on_the_bundled_test_images():
     assert torch.equal(before.argmax(1), after.argmax(1)) and (before - after).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize('data', ['synthetic', pytest.param('real', marks=needs_data)])
+@pytest.mark.parametrize('data', ['synthetic', pytest.param('real', marks=pytest.mark.cifar10)])
 def test_a_trained_cnn_keeps_its_test_accuracy_exactly(capsys, synthetic_cifar10, data):
     from timm_attnconv.theory import main
     # the shipped 2-epoch ResNet-20 (71.48% on all 10,000 real images); 250 images keep CI fast. On the synthetic
