@@ -40,6 +40,17 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     assert all(torch.equal(run['model'][k], v) for k, v in state['model'].items())
 
 
+def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
+    # the CPU stands in for the device (TIMM_ATTNCONV_TEST_DEVICE), and one check for all of them
+    env = dict(os.environ, RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'checks.txt'),
+               TIMM_ATTNCONV_TEST_DEVICE='cpu', OMP_NUM_THREADS='1')
+    started = kit('cuda-checks.sh', '-k', 'test_every_kernel_gives_the_explicit_results_on_the_device and '
+                  'aa_resnet20_cifar and sdpa', env=env)
+    assert started.startswith('cuda checks started (pid ')
+    status = kit('status.sh', '300', env=env)  # returns once the checks are done
+    assert '== cuda checks: done' in status and '1 passed' in status and 'failed' not in status
+
+
 def test_prepare_and_receive_cifar10(tmp_path):
     """prepare.sh sets weights/ aside and cuts the data into parts; receive-cifar10.sh, given one part per call (the
     machine deletes the parts earlier calls carried), joins them once all arrived and checks every byte."""

@@ -80,6 +80,7 @@ def test_flex_without_terms_is_plain_attention(eager_flex):
                                    ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='FlexAttention differentiates on CUDA only')
 @pytest.mark.parametrize('grid', GRIDS)
 def test_flex_matches_explicit_gradients_on_cuda(grid):

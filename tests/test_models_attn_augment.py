@@ -7,6 +7,8 @@ from timm.models import get_notrace_modules
 import timm_attnconv
 from timm_attnconv.layers import AAConv2d
 
+from .families import small_kwargs
+
 # the counts of the layouts that reproduce the paper's (Bello et al. 2019, Table 3 / Table 6 in brackets)
 COUNTS = {'aa_resnet34': 20_745_072, 'aa_resnet50': 25_809_392, 'aa_resnet101': 45_386_728,
           'aa_resnet152': 61_613_536, 'aa_resnet50_fa': 19_383_560}
@@ -122,3 +124,13 @@ def test_cifar_models():
             assert aa20(torch.randn(1, 3, *size)).shape == (1, 10)
     with pytest.raises(ValueError, match='aa_stages must be stages 1..3'):
         timm.create_model('aa_resnet20_cifar', aa_stages=(4,))
+
+
+@pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'aa_resnet50', 'ea_aa_resnet20_cifar'])
+def test_attn_kernel_is_a_model_option(name):
+    # what set_attn_kernel does to a built model, as a create_model keyword (so a run's --model-kwargs can pick it)
+    model = timm.create_model(name, attn_kernel='sdpa', **small_kwargs(name))
+    layers = [m for m in model.modules() if isinstance(m, AAConv2d)]
+    assert layers and all(layer.attn_kernel == 'sdpa' for layer in layers)
+    with pytest.raises(ValueError, match='attn_kernel must be one of'):
+        timm.create_model(name, attn_kernel='fast', **small_kwargs(name))

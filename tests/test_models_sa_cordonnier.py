@@ -5,7 +5,7 @@ import timm
 import torch
 
 import timm_attnconv
-from timm_attnconv.layers import set_attn_path
+from timm_attnconv.layers import PositionalSelfAttention, set_attn_path
 from timm_attnconv.models.sa_cordonnier import checkpoint_filter_fn, init_content_from_positional
 
 from . import original_bertimage as original
@@ -272,3 +272,11 @@ def test_warm_start_refuses_other_sources():
                                      timm.create_model('sa_learned_cifar', **SMALL))
     with pytest.raises(ValueError, match='another layout'):
         timm.create_model('sa_learned_cifar', **SMALL).init_from(timm.create_model('sa_quadratic_cifar', **SMALL))
+
+
+def test_attn_kernel_is_a_model_option():
+    model = timm.create_model('sa_learned_content_cifar', attn_kernel='sdpa', embed_dim=32, mlp_dim=48)
+    layers = [m for m in model.modules() if isinstance(m, PositionalSelfAttention)]
+    assert len(layers) == 6 and all(layer.attn_kernel == 'sdpa' for layer in layers)
+    with pytest.raises(ValueError, match='attn_kernel must be one of'):
+        timm.create_model('sa_learned_content_cifar', attn_kernel='fast', embed_dim=32, mlp_dim=48)

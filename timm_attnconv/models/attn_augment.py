@@ -40,7 +40,7 @@ class AAResNet(ResNet):
     Args:
         block, layers, **kwargs: as timm's ``ResNet``.
         aa_stages: stages (2–4) whose blocks get attention.
-        num_heads, kappa, upsilon, min_dim_head_qk, rel_pos: of every :class:`AAConv2d`.
+        num_heads, kappa, upsilon, min_dim_head_qk, rel_pos, attn_kernel: of every :class:`AAConv2d`.
         qkv_bias, proj_bias: off by default, the reading that reproduces the paper's parameter counts (Table 3);
             on is the appendix code's TF default (+5k parameters on AA-ResNet-50). Only the query bias changes the
             function: the key bias cancels in the softmax and the value / projection biases in the following BN.
@@ -60,6 +60,7 @@ class AAResNet(ResNet):
             min_dim_head_qk: int = 20,
             pool_first_aa_stage: bool = True,
             rel_pos: bool = True,
+            attn_kernel: str = 'auto',
             qkv_bias: bool = False,
             proj_bias: bool = False,
             img_size: Union[int, Tuple[int, int]] = 224,
@@ -84,7 +85,8 @@ class AAResNet(ResNet):
                 setattr(blk, name, attn_conv_layer(
                     conv.in_channels, conv.out_channels, conv.kernel_size[0], conv.stride[0], num_heads=num_heads,
                     kappa=kappa, upsilon=upsilon, min_dim_head_qk=min_dim_head_qk, attn_grid=attn_grid,
-                    attn_pool=pooled, rel_pos=rel_pos, qkv_bias=qkv_bias, proj_bias=proj_bias, **dd))
+                    attn_pool=pooled, rel_pos=rel_pos, attn_kernel=attn_kernel, qkv_bias=qkv_bias, proj_bias=proj_bias,
+                    **dd))
 
     def no_weight_decay(self):
         return _relative_tables(self)
@@ -149,7 +151,8 @@ class CifarResNet(nn.Module):
         depths, widths: blocks and channels per stage; ``stem_width`` channels after the stem.
         preact: pre-activation blocks and a final BN-ReLU (WRN) instead of post-activation blocks (ResNet-20).
         aa_stages: stages (1-based) whose blocks' first convolution is an :class:`AAConv2d`.
-        num_heads, kappa, upsilon, min_dim_head_qk, rel_pos, pool_first_aa_stage: of the attention layers.
+        num_heads, kappa, upsilon, min_dim_head_qk, rel_pos, attn_kernel, pool_first_aa_stage: of the attention
+            layers.
         img_size: default input size; sizes the relative tables.
     """
 
@@ -165,6 +168,7 @@ class CifarResNet(nn.Module):
             upsilon: float = 0.1,
             min_dim_head_qk: int = 20,
             rel_pos: bool = True,
+            attn_kernel: str = 'auto',
             pool_first_aa_stage: bool = False,
             img_size: Union[int, Tuple[int, int]] = 32,
             num_classes: int = 10,
@@ -193,7 +197,7 @@ class CifarResNet(nn.Module):
                 pooled = pool_first_aa_stage and index + 1 == min(aa_stages)
                 attn_grid = (_halve(img_h, index + int(pooled)), _halve(img_w, index + int(pooled)))
                 aa_kwargs = dict(num_heads=num_heads, kappa=kappa, upsilon=upsilon, min_dim_head_qk=min_dim_head_qk,
-                                 attn_grid=attn_grid, attn_pool=pooled, rel_pos=rel_pos)
+                                 attn_grid=attn_grid, attn_pool=pooled, rel_pos=rel_pos, attn_kernel=attn_kernel)
             blocks = []
             for block_index in range(depth):
                 blocks.append(CifarBlock(in_chs, width, stride if block_index == 0 else 1, preact, aa_kwargs,

@@ -56,6 +56,7 @@ class PostNormBlock(nn.Module):
             max_grid: int = 16,
             resize_tables: bool = True,
             attn_path: str = 'auto',
+            attn_kernel: str = 'auto',
             proj_drop: float = 0.,
             attn_drop: float = 0.,
             drop_path: float = 0.,
@@ -67,7 +68,7 @@ class PostNormBlock(nn.Module):
         dd = dict(device=device, dtype=dtype)
         self.attn = PositionalSelfAttention(
             dim, num_heads, position=position, content=content, max_grid=max_grid, resize_tables=resize_tables,
-            attn_drop=attn_drop, proj_drop=proj_drop, attn_path=attn_path, **dd)
+            attn_drop=attn_drop, proj_drop=proj_drop, attn_path=attn_path, attn_kernel=attn_kernel, **dd)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
         # the original has dropout only after the second MLP layer
@@ -109,6 +110,7 @@ class SelfAttentionNet(nn.Module):
         max_grid: token-grid side the learned relative tables cover (paper 16, for 32×32 images).
         resize_tables: interpolate learned relative tables for larger grids; if false such inputs raise.
         attn_path: ``'auto'``, ``'dense'`` (original algorithm) or ``'separable'``; see ``PositionalSelfAttention``.
+        attn_kernel: how content layers attend, one of :data:`~timm_attnconv.layers.ATTN_KERNELS` (one result).
         drop_rate: dropout before the classifier (not in the paper).
         proj_drop_rate: dropout after the attention output and the MLP (paper 0.1).
         attn_drop_rate: dropout on attention probabilities (paper 0.1).
@@ -132,6 +134,7 @@ class SelfAttentionNet(nn.Module):
             max_grid: int = 16,
             resize_tables: bool = True,
             attn_path: str = 'auto',
+            attn_kernel: str = 'auto',
             drop_rate: float = 0.,
             proj_drop_rate: float = 0.1,
             attn_drop_rate: float = 0.1,
@@ -168,7 +171,7 @@ class SelfAttentionNet(nn.Module):
         self.blocks = nn.Sequential(*[
             PostNormBlock(
                 embed_dim, heads[i], mlp_dim, position=position, content=content, max_grid=max_grid,
-                resize_tables=resize_tables, attn_path=attn_path, proj_drop=proj_drop_rate,
+                resize_tables=resize_tables, attn_path=attn_path, attn_kernel=attn_kernel, proj_drop=proj_drop_rate,
                 attn_drop=attn_drop_rate, drop_path=dpr[i], norm_eps=norm_eps, **dd)
             for i in range(depth)])
         self.feature_info = [

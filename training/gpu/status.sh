@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# On the GPU machine: wait up to SECONDS (default 0) while any run is still training, then print each run's state and
-# last log lines. A wait keeps the machine busy, so it is not given back while runs train between calls.
+# On the GPU machine: wait up to SECONDS (default 0) while any run is still training or cuda-checks.sh still checks,
+# then print the checks' outcome and each run's state and last log lines. A wait keeps the machine busy, so it is not
+# given back while runs train between calls.
 # Usage: training/gpu/status.sh [SECONDS] [NAME...]
 set -uo pipefail
 wait=${1:-0}; shift || true
 runs=${RUNS:-/tmp/runs}
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=($(ls "$runs" 2>/dev/null))
+checks=${CHECKS:-/tmp/cuda-checks.txt}
 training() { pgrep -f -- "--output $runs/$1( |$)" > /dev/null; }
+checking() { pgrep -f -- "pytest -m cuda" > /dev/null; }
 end=$((SECONDS + wait))
 while [ $SECONDS -lt $end ]; do
-  busy=0; for n in "${names[@]}"; do training "$n" && busy=1; done
+  busy=0; for n in "${names[@]}"; do training "$n" && busy=1; done; checking && busy=1
   [ $busy = 1 ] || break
   sleep 5
 done
 nvidia-smi --query-gpu=utilization.gpu,memory.used,memory.total --format=csv,noheader 2>/dev/null
+if [ -f "$checks" ]; then
+  echo "== cuda checks: $(checking && echo running || echo done)"
+  grep -E '^(FAILED|ERROR|SKIPPED)|[0-9]+ (passed|failed|error)' "$checks" | tail -n 12
+fi
 for n in "${names[@]}"; do
   d=$runs/$n
   echo "== $n: $(training "$n" && echo training || echo 'not running')"

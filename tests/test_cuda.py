@@ -1,0 +1,136 @@
+"""Every model, attention path and kernel on a CUDA device against the CPU: the checks a GPU session runs first.
+
+The CPU suite tests each path and kernel on the CPU; what only a GPU shows is what ``'auto'`` picks there (dense or
+the batched separable form by grid, FlexAttention for the relative-position kernels), FlexAttention's backward, and
+the CUDA kernels of every model under autocast and ``torch.compile``. Opt-in, as these need the device: setup.cfg
+deselects the ``cuda`` marker, and the GPU machine runs
+``python3 -m pytest -m cuda tests/test_cuda.py tests/test_layers_attention_kernels.py`` (training/gpu/README.md).
+``TIMM_ATTNCONV_TEST_DEVICE=cpu`` runs the same checks against the CPU itself: a check of the tests, not of a GPU.
+"""
+import os
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import timm_attnconv
+from timm_attnconv.layers import set_attn_kernel, set_attn_path
+
+from .families import small_kwargs, test_size
+
+DEVICE = torch.device(os.environ.get('TIMM_ATTNCONV_TEST_DEVICE', 'cuda'))
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(DEVICE.type == 'cuda' and not torch.cuda.is_available(), reason='no CUDA device'),
+]
+MODELS = timm_attnconv.list_models()
+# one model per attention kind: positional SA (dense / separable), q·r content SA (flex), AA (flex), EA (maps), EA ViT
+COMPILED = ['sa_quadratic_cifar', 'sa_learned_content_cifar', 'aa_resnet20_cifar', 'ea_aa_resnet20_cifar',
+            'deit_ea_tiny_patch16_224']
+# relative error ‖device − reference‖ / ‖reference‖ of true-fp32 results (devices sum in other orders);
+# below an RMS of FLOOR a reference counts as zero (the key bias's gradient is 0 up to rounding: softmax ignores it)
+FP32_TOL, FLOOR = 1e-4, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def _true_fp32():
+    # cuDNN convolutions default to TF32 (10-bit mantissa): compare fp32 with fp32
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _small(name, batch=2, size=None, **kwargs):
+    """The small version of ``name`` (``tests/families.py``), in eval mode, and an input for it."""
+    model = timm.create_model(name, **small_kwargs(name), **kwargs).eval()
+    size = size or test_size(name)
+    return model, torch.randn(batch, model.pretrained_cfg['input_size'][0], size, size)
+
+
+def _logits_and_grads(model, x, forward=None):
+    """Logits of ``forward(x)`` (default: ``model(x)``) and the gradient of a fixed function of them for each of
+    ``model``'s parameters, copied to the CPU."""
+    model.zero_grad(set_to_none=True)
+    logits = (model if forward is None else forward)(x)
+    weights = torch.linspace(-1, 1, logits.numel(), device=logits.device).reshape(logits.shape)
+    (logits * weights).sum().backward()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach().cpu(), grads
+
+
+def _assert_near(actual, expected, what, tol=FP32_TOL):
+    actual, expected = actual.double(), expected.double()
+    error = ((actual - expected).norm() / expected.norm().clamp_min(FLOOR * expected.numel() ** 0.5)).item()
+    assert error <= tol, f'{what}: relative error {error:.2e} > {tol:.0e}'
+
+
+def _assert_same_results(actual, expected, what):
+    (logits, grads), (ref_logits, ref_grads) = actual, expected
+    _assert_near(logits, ref_logits, f'{what}: logits')
+    assert grads.keys() == ref_grads.keys(), f'{what}: other parameters got gradients'
+    for name, grad in grads.items():
+        _assert_near(grad, ref_grads[name], f'{what}: gradient of {name}')
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_the_device_gives_the_cpu_logits_and_gradients(name):
+    # the device's own choices ('auto' paths and kernels) against the CPU's, in fp32
+    model, x = _small(name)
+    on_cpu = _logits_and_grads(model, x)
+    _assert_same_results(_logits_and_grads(model.to(DEVICE), x.to(DEVICE)), on_cpu, f'{name} on {DEVICE}')
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_a_training_step_under_bf16_autocast_stays_finite(name):
+    model, x = _small(name, batch=4)
+    model = model.to(DEVICE).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    labels = torch.arange(4, device=DEVICE) % model.num_classes
+    for step in range(2):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x.to(DEVICE)), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        assert torch.isfinite(loss), f'step {step}: loss {loss.item()}'
+        for param_name, param in model.named_parameters():
+            assert param.grad is None or torch.isfinite(param.grad).all(), f'step {step}: {param_name}.grad'
+        optimizer.step()
+
+
+@pytest.mark.parametrize('name, size', [('sa_quadratic_cifar', 32), ('sa_quadratic_cifar', 48),
+                                        ('sa_learned_cifar', 48)])
+@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'auto'])
+def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
+    # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the batched separable form)
+    model, x = _small(name, size=size)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    dense = _logits_and_grads(set_attn_path(model, 'dense'), x)
+    _assert_same_results(_logits_and_grads(set_attn_path(model, path), x), dense, f'{name} at {size} px, {path}')
+
+
+@pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'sa_learned_content_cifar', 'aa_resnet50'])
+@pytest.mark.parametrize('kernel', ['sdpa', 'flex', 'auto'])
+def test_every_kernel_gives_the_explicit_results_on_the_device(name, kernel):
+    if kernel == 'flex' and DEVICE.type == 'cpu':
+        pytest.skip('FlexAttention has no backward on the CPU')
+    model, x = _small(name)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    explicit = _logits_and_grads(set_attn_kernel(model, 'explicit'), x)
+    _assert_same_results(_logits_and_grads(set_attn_kernel(model, kernel), x), explicit, f'{name}, {kernel}')
+
+
+@pytest.mark.parametrize('name', COMPILED)
+def test_a_compiled_model_gives_the_eager_results_and_trains(name):
+    model, x = _small(name, batch=4)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    eager = _logits_and_grads(model, x)
+    compiled = torch.compile(model)
+    _assert_same_results(_logits_and_grads(model, x, compiled), eager, f'{name} compiled')
+    compiled.train()
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        loss = F.cross_entropy(compiled(x), torch.arange(4, device=DEVICE) % model.num_classes)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                        if p.grad is not None)

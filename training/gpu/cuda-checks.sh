@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the first call (it needs no data): starts, detached, the checks only a GPU can run
+# (tests/test_cuda.py and FlexAttention's gradients: every model, SA path and attention kernel on CUDA against the
+# CPU, a bf16 training step each, torch.compile) into $CHECKS (/tmp/cuda-checks.txt); status.sh waits for them and
+# prints their outcome. Extra ARGS go to pytest (e.g. -k aa_resnet20).
+# Usage: training/gpu/cuda-checks.sh [ARGS...]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+checks=${CHECKS:-/tmp/cuda-checks.txt}
+PYTHONPATH=$PWD setsid nohup python3 -m pytest -m cuda -q -rs \
+  tests/test_cuda.py tests/test_layers_attention_kernels.py "$@" > "$checks" 2>&1 < /dev/null &
+echo "cuda checks started (pid $!): $checks"
