@@ -40,14 +40,15 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_ci
     assert model.num_classes == 10
 
 
-def test_a_run_on_a_small_data_set_counts_its_epochs_in_its_own_steps(tmp_path, synthetic_cifar10):
+@pytest.mark.parametrize('epochs_done', [1.5, 0.5])  # from its finished epochs / stopped within its first
+def test_a_run_on_a_small_data_set_counts_its_epochs_in_its_own_steps(tmp_path, synthetic_cifar10, epochs_done):
     # no --train-limit: an epoch is as many steps as the folder's images make, not the 50,000 of the real split
     from timm_attnconv.stage import _read_run
     limit = TINY.index('--train-limit')
     args = TINY[:limit] + TINY[limit + 2:] + ['--data-dir', synthetic_cifar10, '--output', str(tmp_path)]
     steps_per_epoch = SYNTHETIC_TRAIN_IMAGES // int(args[args.index('--batch-size') + 1])
-    train_main(args + ['--max-steps', str(steps_per_epoch * 3 // 2)])  # stopped half way through epoch 2
-    assert _read_run(str(tmp_path))['epochs_done'] == 1.5
+    train_main(args + ['--max-steps', str(int(steps_per_epoch * epochs_done))])
+    assert _read_run(str(tmp_path))['epochs_done'] == epochs_done
 
 
 def test_stage_needs_a_training_run(tmp_path):

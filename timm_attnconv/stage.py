@@ -206,9 +206,11 @@ def _storage_note(storage: Dict[str, Any]) -> str:
 
 
 def _steps_per_epoch(state: Dict[str, Any]) -> int:
-    """The steps of one epoch of a checkpoint's run. The config records no image count (a split may hold any
-    number), so finished epochs tell it; a run stopped in its first epoch falls back to ``--train-limit`` or the
-    50,000 images of the full training split."""
+    """The steps of one epoch of a checkpoint's run, as the checkpoint records them. Checkpoints from before that
+    record: finished epochs tell it; one stopped in its first epoch falls back to ``--train-limit`` or the 50,000
+    images of the full training split."""
+    if state.get('steps_per_epoch'):
+        return state['steps_per_epoch']
     if state['epoch'] > 0:
         return (state['global_step'] - state['step_in_epoch']) // state['epoch']
     config = state['config']
