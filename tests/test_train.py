@@ -257,7 +257,7 @@ def test_init_from_pretrained_weights(tmp_path):
     assert state['config']['init_from'] == 'sa_learned_tiny_cifar.c10'
     assert '--init-from sa_learned_tiny_cifar.c10' in training_command(state['config'], str(tmp_path))
     import timm
-    source = timm.create_model('sa_learned_tiny_cifar', pretrained=True).eval()
+    source = timm.create_model('sa_learned_tiny_cifar.c10', pretrained=True).eval()
     model = load_training_checkpoint(str(tmp_path / 'last.pth.tar'))
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
