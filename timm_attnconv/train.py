@@ -330,8 +330,9 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
             return
         state = dict(
             config=run_config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-            steps_per_epoch=steps_per_epoch, loss_images=loss_images, model=model.state_dict(), optimizer=optimizer.state_dict(),
-            scheduler=scheduler.state_dict(), ema=ema.state_dict() if ema is not None else None,
+            steps_per_epoch=steps_per_epoch, loss_images=loss_images, model=model.state_dict(),
+            optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+            ema=ema.state_dict() if ema is not None else None,
             scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
             processes=processes, runtime=runtime, log=log)
         _refuse_non_finite(state, when, ckpt_path)
