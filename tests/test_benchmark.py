@@ -96,6 +96,30 @@ def test_versus_and_train_end_to_end_on_cpu(capsys):
     assert re.search(r'\d+\.\d \(\d+\.\d–\d+\.\d\) img/s', out)
 
 
+def test_fp16_training_steps_scale_the_loss_like_the_trainer(monkeypatch):
+    """fp16 steps without loss scaling would time a step no one trains with: the benchmark runs the scaler's
+    scale/unscale/inf-check/update as timm_attnconv.train does; other dtypes leave it disabled."""
+    scalers = []
+
+    class RecordingScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.updates = 0
+            scalers.append(self)
+
+        def update(self, *args, **kwargs):
+            self.updates += 1
+            super().update(*args, **kwargs)
+
+    monkeypatch.setattr(torch.amp, 'GradScaler', RecordingScaler)
+    for amp in (torch.float16, torch.bfloat16):
+        row = benchmark.training_throughput('sa_learned_tiny_cifar', batch_size=2, steps=2, amp=amp, max_warmup=2)
+        assert row['img_s'] > 0
+    fp16, bf16 = scalers
+    assert fp16.is_enabled() and fp16.updates >= 3  # the counted step, warm-up and the 2 timed steps
+    assert not bf16.is_enabled()
+
+
 def test_exact_paths_end_to_end_on_cpu(capsys):
     row, = benchmark.main(['--paths', '--models', 'sa_learned_tiny_cifar', '--sizes', '8', '--batch-size', '2',
                            '--iters', '3', '--max-warmup', '2', '--device', 'cpu'])
