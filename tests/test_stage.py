@@ -7,14 +7,14 @@ import torch
 from safetensors.torch import load_file
 
 from timm_attnconv.pretrained import sha256_file
-from timm_attnconv.stage import main as stage_main, training_command
+from timm_attnconv.stage import main as stage_main, training_command, warm_start_sentence
 from timm_attnconv.train import main as train_main
 
 from .conftest import SYNTHETIC_TRAIN_IMAGES
 from .test_train import TINY
 
 
-def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_cifar10):
+def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_cifar10, capsys):
     run = tmp_path / 'run'
     train_main(TINY + ['--output', str(run), '--epochs', '1', '--data-dir', synthetic_cifar10])
     result = stage_main([str(run), '--tag', 'test', '--out', str(tmp_path / 'weights'), '--data-dir',
@@ -38,6 +38,9 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_ci
     assert training_command(state['config'], str(run)) in card
     model = timm.create_model(f'local-dir:{folder}', pretrained=True)  # timm loads the folder as written
     assert model.num_classes == 10
+    # a tag not in default_cfgs yet: config.json still names it, and stage says to register it
+    assert json.loads((folder / 'config.json').read_text())['pretrained_cfg']['tag'] == 'test'
+    assert 'sa_quadratic_cifar.test is not in default_cfgs yet' in capsys.readouterr().out
 
 
 @pytest.mark.parametrize('epochs_done', [1.5, 0.5])  # from its finished epochs / stopped within its first
@@ -136,3 +139,13 @@ def test_storage_dtype_is_chosen_by_measurement(synthetic_cifar10):
     kept, kept_logits = choose_storage_dtype(model, logits, images, labels, 'float32')
     assert kept == dict(dtype='float32', float32_top1=storage['float32_top1'], images=64, rounded=[])
     assert kept_logits is logits
+
+
+def test_the_card_says_what_a_warm_start_started_from():
+    assert warm_start_sentence('sa_learned_tiny_cifar', None) == ''
+    same_arch = warm_start_sentence('sa_learned_tiny_cifar', 'sa_learned_tiny_cifar.c10_18ep')
+    assert 'fresh optimizer' in same_arch and 'content' not in same_arch
+    content = warm_start_sentence('sa_learned_content_tiny_cifar', 'sa_learned_tiny_cifar.c10_18ep')
+    assert 'content term initialised near zero' in content
+    pruned = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors')
+    assert '`/tmp/runs/pruned.safetensors`' in pruned and '`pruned.safetensors`' in pruned

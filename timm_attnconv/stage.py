@@ -126,6 +126,21 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
     plt.close(fig)
 
 
+def warm_start_sentence(arch: str, init_from: Optional[str]) -> str:
+    """The model card's sentence on ``train --init-from``: what the run started from, or nothing for a run from
+    scratch. The same arch continues its weights; another arch went through the model's ``init_from`` (a content
+    model built from a positional one)."""
+    if not init_from:
+        return ''
+    if init_from.endswith('.safetensors'):
+        start = f'the weights in `{os.path.basename(init_from)}` (same layout)'
+    elif init_from.split('.')[0] == arch:
+        start = 'those weights, trained on with a fresh optimizer and schedule'
+    else:
+        start = 'that model, up to a content term initialised near zero'
+    return f' Warm-started from `{init_from}` (it starts as {start}), not trained from scratch as in the paper.'
+
+
 def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metrics: Dict[str, Any],
                 run: Dict[str, Any], likeness: str = '') -> str:
     from huggingface_hub import EvalResult, ModelCardData
@@ -149,10 +164,8 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
     storage = run['storage']
     card = dict(
         description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on {run['hardware']} "
-                    f"({run['note']}). None of the paper's authors released usable weights." + (
-                        f" Warm-started from `{run['init_from']}` (it starts as that model, up to a content term "
-                        f"initialised near zero), not trained from scratch as in the paper."
-                        if run.get('init_from') else ''),
+                    f"({run['note']}). None of the paper's authors released usable weights."
+                    + warm_start_sentence(arch, run.get('init_from')),
         details={
             'Model Type': 'Image classification / ' + (
                 'attention-only network' if arch.startswith('sa_') else
@@ -334,6 +347,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     metrics = dict(scores(shipped_logits, labels), weights='EMA weights' if key == 'ema' else 'weights')
     stored_dtype = STORAGE_DTYPES[storage['dtype']]
 
+    model.pretrained_cfg = _pretrained_cfg(model, arch_tag)  # what config.json and the card carry
     folder = Path(out_dir) / arch_tag
     with tempfile.TemporaryDirectory(dir=out_dir if os.path.isdir(out_dir) else None) as tmp:
         save_for_hf(copy.deepcopy(model).to(stored_dtype), tmp, safe_serialization=True,
@@ -373,6 +387,18 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     record_folder(folder, record)
     return dict(arch_tag=arch_tag, folder=str(folder), sha256=digest, stored_dtype=storage['dtype'],
                 storage=storage, **metrics)
+
+
+def _pretrained_cfg(model: torch.nn.Module, arch_tag: str) -> Dict[str, Any]:
+    """The pretrained cfg of ``arch_tag`` as registered in ``default_cfgs``; for a tag not registered yet, the arch's
+    default cfg under the new tag (so that the folder's ``config.json`` names its own tag), with a note to add it."""
+    from timm.models import get_pretrained_cfg
+    try:
+        return get_pretrained_cfg(arch_tag).to_dict()
+    except RuntimeError:
+        print(f'note: {arch_tag} is not in default_cfgs yet: register it there (with hf_hub_id) so that '
+              f"timm.create_model('{arch_tag}', pretrained=True) finds the folder")
+        return dict(model.pretrained_cfg, tag=arch_tag.split('.', 1)[1])
 
 
 def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_done: float) -> str:

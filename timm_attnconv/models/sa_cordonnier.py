@@ -444,7 +444,11 @@ default_cfgs = generate_default_cfgs({
                'trained here: 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
     'sa_learned_content_cifar': _cfg(notes=('Table 1 "SA learned emb. + content-based att.": 29.5M params',)),
     'sa_quadratic_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_quadratic_tiny_cifar.c10'), notes=(TINY_NOTE,)),
-    # the first tag of an arch is its default: c10 trained on for a second 6-epoch cosine cycle (79.28% vs 77.60%)
+    # the first tag of an arch is its default: c10_18ep trained on for a third 6-epoch cosine cycle (80.09%)
+    'sa_learned_tiny_cifar.c10_24ep': _cfg(
+        hf_hub_id=hub_id('sa_learned_tiny_cifar.c10_24ep'),
+        notes=(TINY_NOTE, 'c10_18ep + a third cosine cycle of 6 epochs (peak lr 5e-4): 24 epochs in all')),
+    # c10 trained on for a second 6-epoch cosine cycle (79.28% vs 77.60%)
     'sa_learned_tiny_cifar.c10_18ep': _cfg(
         hf_hub_id=hub_id('sa_learned_tiny_cifar.c10_18ep'),
         notes=(TINY_NOTE, 'c10 + a second cosine cycle of 6 epochs (peak lr 1e-3): 18 epochs in all')),
