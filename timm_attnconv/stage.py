@@ -394,11 +394,14 @@ def _pretrained_cfg(model: torch.nn.Module, arch_tag: str) -> Dict[str, Any]:
     default cfg under the new tag (so that the folder's ``config.json`` names its own tag), with a note to add it."""
     from timm.models import get_pretrained_cfg
     try:
-        return get_pretrained_cfg(arch_tag).to_dict()
-    except RuntimeError:
+        cfg = get_pretrained_cfg(arch_tag)
+    except RuntimeError:  # the arch has cfgs, not this tag
+        cfg = None
+    if cfg is None:
         print(f'note: {arch_tag} is not in default_cfgs yet: register it there (with hf_hub_id) so that '
               f"timm.create_model('{arch_tag}', pretrained=True) finds the folder")
         return dict(model.pretrained_cfg, tag=arch_tag.split('.', 1)[1])
+    return cfg.to_dict()
 
 
 def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_done: float) -> str:
