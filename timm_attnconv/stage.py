@@ -347,7 +347,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     metrics = dict(scores(shipped_logits, labels), weights='EMA weights' if key == 'ema' else 'weights')
     stored_dtype = STORAGE_DTYPES[storage['dtype']]
 
-    model.pretrained_cfg = _pretrained_cfg(model, arch_tag)  # what config.json and the card carry
+    model.pretrained_cfg = _pretrained_cfg(model, config['model'], tag)  # what config.json and the card carry
     folder = Path(out_dir) / arch_tag
     with tempfile.TemporaryDirectory(dir=out_dir if os.path.isdir(out_dir) else None) as tmp:
         save_for_hf(copy.deepcopy(model).to(stored_dtype), tmp, safe_serialization=True,
@@ -389,10 +389,11 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
                 storage=storage, **metrics)
 
 
-def _pretrained_cfg(model: torch.nn.Module, arch_tag: str) -> Dict[str, Any]:
-    """The pretrained cfg of ``arch_tag`` as registered in ``default_cfgs``; for a tag not registered yet, the arch's
+def _pretrained_cfg(model: torch.nn.Module, arch: str, tag: str) -> Dict[str, Any]:
+    """The pretrained cfg of ``arch.tag`` as registered in ``default_cfgs``; for a tag not registered yet, the arch's
     default cfg under the new tag (so that the folder's ``config.json`` names its own tag), with a note to add it."""
     from timm.models import get_pretrained_cfg
+    arch_tag = f'{arch}.{tag}'
     try:
         cfg = get_pretrained_cfg(arch_tag)
     except RuntimeError:  # the arch has cfgs, not this tag
@@ -400,7 +401,7 @@ def _pretrained_cfg(model: torch.nn.Module, arch_tag: str) -> Dict[str, Any]:
     if cfg is None:
         print(f'note: {arch_tag} is not in default_cfgs yet: register it there (with hf_hub_id) so that '
               f"timm.create_model('{arch_tag}', pretrained=True) finds the folder")
-        return dict(model.pretrained_cfg, tag=arch_tag.split('.', 1)[1])
+        return dict(model.pretrained_cfg, tag=tag)
     return cfg.to_dict()
 
 
