@@ -43,7 +43,7 @@ def test_cli_and_refusals(tmp_path):
 
 @pytest.mark.usefixtures('synthetic_cifar10_as_default')  # the data test_train.TINY trains on
 def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
-    from timm_attnconv.runs import load_training_checkpoint
+    from timm_attnconv.runs import load_training_checkpoint, save_checkpoint
     from timm_attnconv.train import main as train_main
     from timm_attnconv.viz import _training_snapshots
     from .test_train import TINY
@@ -62,3 +62,14 @@ def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
                  '--out', str(tmp_path / 'grid.png')]) == 2 * 2  # two rows of two layers
     with pytest.raises(ValueError, match='needs at least one checkpoint'):
         _training_snapshots(['init'])
+    # a checkpoint of the same run written by an earlier trainer (fewer keys in its config) shares the start; one
+    # with another seed does not
+    state = torch.load(ckpt, weights_only=True)
+    earlier = {k: v for k, v in state['config'].items() if k not in ('amp', 'train_data', 'test_data', 'world_size')}
+    for name, config in [('earlier', earlier), ('reseeded', dict(state['config'], seed=7))]:
+        (tmp_path / name).mkdir()
+        save_checkpoint(str(tmp_path / name), dict(state, config=config))
+    models, _ = _training_snapshots(['init', ckpt, str(tmp_path / 'earlier' / 'last.pth.tar')])
+    assert all(torch.equal(v, start[k]) for k, v in models[0].state_dict().items())
+    with pytest.raises(ValueError, match='ambiguous: the checkpoints come from runs that start differently'):
+        _training_snapshots(['init', ckpt, str(tmp_path / 'reseeded' / 'last.pth.tar')])

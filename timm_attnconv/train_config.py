@@ -18,8 +18,8 @@ import torch.nn as nn
 from . import cli
 from .constants import AMP_DTYPES
 
-__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'option_default', 'check_resumable',
-           'initial_model']
+__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'START_KEYS', 'option_default',
+           'check_resumable', 'initial_model']
 
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
 # test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
@@ -32,6 +32,9 @@ DATA_KEYS = {'train_data': '--data-dir / --train-limit', 'test_data': '--data-di
 # how a run executes, not what it computes (they change it by float rounding only): free to change on resume, and
 # recorded in every log line, whose throughput depends on them
 RUNTIME_KEYS = ('device', 'channels_last', 'compile')
+# the options that decide the weights a run starts from (:func:`initial_model`, then ``--init-from``): two checkpoints
+# that agree on them share a start, whatever keys later versions of the trainer added to their configs
+START_KEYS = ('model', 'model_kwargs', 'seed', 'init_from')
 
 
 def _option(default: Any = MISSING, check: Any = None, help: Optional[str] = None, path: bool = False) -> Any:

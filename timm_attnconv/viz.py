@@ -142,7 +142,8 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
     ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
     from .runs import architecture_mismatch, load_weights, read_checkpoint
-    from .train_config import initial_model
+    from .train import init_from_pretrained
+    from .train_config import START_KEYS, initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
         raise ValueError('"init" needs at least one checkpoint of the run (its seed and model settings)')
@@ -150,13 +151,18 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
         mismatch = architecture_mismatch(path, state['config']['model'], model_name)
         if mismatch:
             raise cli.UsageError(mismatch)
-    configs = {json.dumps(s['config'], sort_keys=True) for s in states.values()}
-    if 'init' in paths and len(configs) > 1:
-        raise ValueError('"init" is ambiguous: the checkpoints come from runs with different settings')
+    starts = {json.dumps({k: s['config'].get(k) for k in START_KEYS}, sort_keys=True) for s in states.values()}
+    if 'init' in paths and len(starts) > 1:
+        raise ValueError('"init" is ambiguous: the checkpoints come from runs that start differently (another model, '
+                         'model kwargs, seed or --init-from); pass checkpoints of one run')
     models, titles = [], []
     for path in paths:
         if path == 'init':
-            models.append(initial_model(next(iter(states.values()))['config']).eval())
+            config = next(iter(states.values()))['config']
+            start = initial_model(config)
+            if config.get('init_from'):  # a warm-started run begins at those weights, as train.py starts it
+                init_from_pretrained(start, config['init_from'])
+            models.append(start.eval())
             titles.append('initialisation')
             continue
         state = states[path]

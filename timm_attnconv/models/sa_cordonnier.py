@@ -443,6 +443,11 @@ default_cfgs = generate_default_cfgs({
         notes=('Table 1 "SA learned emb.": 12.3M params',
                'trained here: 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
     'sa_learned_content_cifar': _cfg(notes=('Table 1 "SA learned emb. + content-based att.": 29.5M params',)),
+    # the default: the whole 40-epoch schedule that c10 (the checkpoint after epoch 22) was taken from
+    'sa_quadratic_tiny_cifar.c10_40ep': _cfg(
+        hf_hub_id=hub_id('sa_quadratic_tiny_cifar.c10_40ep'),
+        notes=(TINY_NOTE, '40 of 40 epochs on 2 CPU cores')),
+    # the checkpoint after epoch 22 (+2 steps) of the same run, staged when it passed the 85% target
     'sa_quadratic_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_quadratic_tiny_cifar.c10'), notes=(TINY_NOTE,)),
     # the first tag of an arch is its default: c10_18ep trained on for a third 6-epoch cosine cycle (80.09%)
     'sa_learned_tiny_cifar.c10_24ep': _cfg(
