@@ -262,6 +262,10 @@ def test_init_from_pretrained_weights(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.allclose(model(x), source(x), atol=0.05 * source(x).abs().max())  # lr 0: still the source
+    # viz's "init" rebuilds the warm start the run began at, not the random model before it
+    from timm_attnconv.viz import _training_snapshots
+    start = _training_snapshots(['init', str(tmp_path / 'last.pth.tar')])[0][0].state_dict()
+    assert all(torch.allclose(v, start[k], atol=1e-4) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match='init_from'):
         train_main(args[:2] + args[4:])
 
