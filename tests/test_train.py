@@ -241,10 +241,12 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):
 def test_evaluate_a_weights_file(synthetic_cifar10):
     from timm_attnconv.pretrained import bundled_weights_dir
     weights = bundled_weights_dir() / 'sa_quadratic_tiny_cifar.c10' / 'model.safetensors'
-    common = ['--model', 'sa_quadratic_tiny_cifar', '--data-dir', synthetic_cifar10, '--limit', '20']
-    assert evaluate_cli.main(common + ['--checkpoint', str(weights)]) == evaluate_cli.main(common + ['--pretrained'])
+    common = ['--data-dir', synthetic_cifar10, '--limit', '20']
+    from_file = evaluate_cli.main(common + ['--model', 'sa_quadratic_tiny_cifar', '--checkpoint', str(weights)])
+    assert from_file == dict(evaluate_cli.main(common + ['--model', 'sa_quadratic_tiny_cifar.c10', '--pretrained']),
+                             model='sa_quadratic_tiny_cifar')
     with pytest.raises(ValueError, match='--ema needs a training checkpoint'):
-        evaluate_cli.main(common + ['--checkpoint', str(weights), '--ema'])
+        evaluate_cli.main(common + ['--model', 'sa_quadratic_tiny_cifar', '--checkpoint', str(weights), '--ema'])
 
 
 def test_init_from_pretrained_weights(tmp_path):
