@@ -139,23 +139,6 @@ def _refuse_non_finite(obj: Any, when: str, ckpt_path: str) -> None:
         raise FloatingPointError(f'the run diverged in {when}: {problem}. Nothing was saved ({kept}); {DIVERGED_FIX}')
 
 
-def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
-    """Load the pretrained weights ``name`` into ``model``: as they are when the layouts match, else through the
-    model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one). ``name`` may also
-    be a ``.safetensors`` file of ``model``'s layout (e.g. weights pruned by ``prune_degenerate_heads``)."""
-    import timm
-    if name.endswith('.safetensors'):
-        from safetensors.torch import load_file
-        model.load_state_dict(load_file(name))  # strict: a mismatch names the keys
-        return model
-    source = timm.create_model(name, pretrained=True, num_classes=10)
-    init = getattr(model, 'init_from', None)
-    if init is not None and source.state_dict().keys() != model.state_dict().keys():
-        return init(source)
-    model.load_state_dict(source.state_dict())  # strict: a mismatch names the keys
-    return model
-
-
 def _note_runtime_change(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> None:
     changed = [f'{k} {now[k]} (was {before[k]})' for k in RUNTIME_KEYS if before and before.get(k) != now[k]]
     if changed:
@@ -262,9 +245,8 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
     runtime = {k: getattr(config, k) for k in RUNTIME_KEYS}
 
-    model = initial_model(run_config)  # seeds torch's RNG for the whole run
-    if config.init_from and not os.path.isfile(ckpt_path):
-        init_from_pretrained(model, config.init_from)
+    # seeds torch's RNG for the whole run; a resumed run's checkpoint replaces the weights, so no warm start to load
+    model = initial_model(run_config, warm_start=not os.path.isfile(ckpt_path))
     if rank:  # each process its own dropout masks; rank 0 draws as a single process does
         torch.manual_seed(config.seed * 1_000_003 + rank)
     model = model.to(device)

@@ -19,7 +19,7 @@ from . import cli
 from .constants import AMP_DTYPES
 
 __all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'START_KEYS', 'option_default',
-           'check_resumable', 'initial_model']
+           'check_resumable', 'init_from_pretrained', 'initial_model']
 
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
 # test images behind the log's metrics. A checkpoint that predates a key was written with the option's default.
@@ -147,9 +147,29 @@ def check_resumable(saved: Dict[str, Any], config: Dict[str, Any], path: str) ->
         print(f'note: {path!r} predates data digests; the images under --data-dir are not checked against the run')
 
 
-def initial_model(config: Dict[str, Any]) -> nn.Module:
+def init_from_pretrained(model: nn.Module, name: str) -> nn.Module:
+    """Load the pretrained weights ``name`` into ``model``: as they are when the layouts match, else through the
+    model's own ``init_from(source)`` (e.g. a content model warm-started from a positional one). ``name`` may also
+    be a ``.safetensors`` file of ``model``'s layout (e.g. weights pruned by ``prune_degenerate_heads``)."""
+    import timm
+    if name.endswith('.safetensors'):
+        from safetensors.torch import load_file
+        model.load_state_dict(load_file(name))  # strict: a mismatch names the keys
+        return model
+    source = timm.create_model(name, pretrained=True, num_classes=10)
+    init = getattr(model, 'init_from', None)
+    if init is not None and source.state_dict().keys() != model.state_dict().keys():
+        return init(source)
+    model.load_state_dict(source.state_dict())  # strict: a mismatch names the keys
+    return model
+
+
+def initial_model(config: Dict[str, Any], warm_start: bool = True) -> nn.Module:
     """The model exactly as a run with the run config ``config`` starts: torch's RNG seeded with ``config['seed']``,
-    then built."""
+    then built, then (``warm_start``) loaded with the run's ``--init-from`` weights, if it has them."""
     torch.manual_seed(config['seed'])
     # the same model as runs.build_model, with a kwarg the model does not take named as the option that passed it
-    return cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
+    model = cli.create_model(config['model'], '--model-kwargs', config['model_kwargs'], num_classes=10)
+    if warm_start and config.get('init_from'):
+        model = init_from_pretrained(model, config['init_from'])
+    return model

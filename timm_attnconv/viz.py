@@ -142,7 +142,6 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
     """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
     ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
     from .runs import architecture_mismatch, load_weights, read_checkpoint
-    from .train import init_from_pretrained
     from .train_config import START_KEYS, initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
     if not states:
@@ -158,11 +157,7 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
     models, titles = [], []
     for path in paths:
         if path == 'init':
-            config = next(iter(states.values()))['config']
-            start = initial_model(config)
-            if config.get('init_from'):  # a warm-started run begins at those weights, as train.py starts it
-                init_from_pretrained(start, config['init_from'])
-            models.append(start.eval())
+            models.append(initial_model(next(iter(states.values()))['config']).eval())
             titles.append('initialisation')
             continue
         state = states[path]
