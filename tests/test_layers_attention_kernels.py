@@ -50,6 +50,31 @@ def test_explicit_logits_add_the_bias_to_scaled_content(grid, shared_terms):
     torch.testing.assert_close(relative_logits(q, k, 0.3, bias=relative_bias(rows, cols)), expected)
 
 
+def _graph_nodes(grad_fn):
+    seen, stack = set(), [grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+@pytest.mark.parametrize('shared_terms', [False, True])
+def test_explicit_logits_train_without_copying_their_gradient(shared_terms):
+    # an in-place add through a view of the logits would put a CopySlices node in the graph, which clones and copies
+    # back the whole (hw)² gradient in the backward pass; the gradients equal those of the dense sum either way
+    q, k, _, rows, cols = _inputs((3, 5), shared_terms=shared_terms, requires_grad=True)
+    logits = relative_logits(q, k, 0.3, rows, cols)
+    assert 'CopySlices' not in _graph_nodes(logits.grad_fn)
+    expected = (q * 0.3) @ k.transpose(-1, -2) + relative_bias(rows, cols)
+    torch.testing.assert_close(logits, expected)
+    grad_out = torch.randn_like(expected)
+    for grad, ref_grad in zip(torch.autograd.grad(logits, (q, k, rows, cols), grad_out),
+                              torch.autograd.grad(expected, (q, k, rows, cols), grad_out)):
+        torch.testing.assert_close(grad, ref_grad)
+
+
 @pytest.mark.parametrize('grid', GRIDS)
 @pytest.mark.parametrize('shared_terms', [False, True])
 def test_sdpa_matches_explicit_forward_and_gradients(grid, shared_terms):

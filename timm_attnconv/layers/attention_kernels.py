@@ -13,9 +13,9 @@ input (broadcast over the batch). They hold ``O(N (H + W))`` numbers where the d
 
 Kernels (:data:`ATTN_KERNELS`):
 
-* ``'explicit'``: forms the ``(B, h, N, N)`` logits, adding the axis terms in place through their ``(H, W, H, W)``
-  view. The reference; the only kernel that shows its maps (analysis, evolving attention), counts its FLOPs and
-  exports everywhere (TorchScript, legacy ONNX).
+* ``'explicit'``: forms the ``(B, h, N, N)`` logits, adding the axis terms through their ``(H, W, H, W)`` view (in
+  place where no gradient is needed). The reference; the only kernel that shows its maps (analysis, evolving
+  attention), counts its FLOPs and exports everywhere (TorchScript, legacy ONNX).
 * ``'sdpa'``: materialises the ``(B or 1, h, N, N)`` bias and hands it to ``F.scaled_dot_product_attention`` as an
   additive mask.
 * ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
@@ -79,6 +79,10 @@ def relative_logits(
         as_grid = logits.view(q.shape[0], q.shape[1], height, width, height, width)
         if torch.jit.is_tracing():  # a traced graph (legacy ONNX export) drops in-place writes through a view
             return (as_grid + row_terms + col_terms).reshape(logits.shape)
+        if logits.requires_grad:
+            # an in-place write through a view makes autograd clone and copy back the whole (hw)² gradient in the
+            # backward pass (CopySlices): one new tensor instead, and the second add in place on it
+            return as_grid.add(row_terms).add_(col_terms).view(logits.shape)
         # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
         as_grid.add_(row_terms).add_(col_terms)
     return logits
