@@ -77,11 +77,10 @@ def relative_logits(
         row_terms, col_terms = rows.to(logits.dtype)[..., :, None], cols.to(logits.dtype)[..., None, :]
         height, width = rows.shape[2], rows.shape[3]
         as_grid = logits.view(q.shape[0], q.shape[1], height, width, height, width)
-        if torch.jit.is_tracing():  # a traced graph (legacy ONNX export) drops in-place writes through a view
-            return (as_grid + row_terms + col_terms).reshape(logits.shape)
-        if logits.requires_grad:
-            # an in-place write through a view makes autograd clone and copy back the whole (hw)² gradient in the
-            # backward pass (CopySlices): one new tensor instead, and the second add in place on it
+        if logits.requires_grad or torch.jit.is_tracing():
+            # not in place through the view: autograd would clone and copy back the whole (hw)² gradient in the
+            # backward pass (CopySlices), and a traced graph (legacy ONNX export) drops such writes. One new tensor,
+            # the second add in place on it
             return as_grid.add(row_terms).add_(col_terms).view(logits.shape)
         # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
         as_grid.add_(row_terms).add_(col_terms)
