@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import timm
@@ -138,6 +139,10 @@ def _tool_module(tool: str):
     return importlib.import_module(f'timm_attnconv.{tool or "__main__"}')
 
 
+def _tool_source(tool: str) -> str:
+    return Path(_tool_module(tool).__file__).read_text()
+
+
 def _tools():
     """Every module of the package with a ``main``: the ``python -m timm_attnconv.<tool>`` commands."""
     names = [info.name for info in pkgutil.iter_modules(timm_attnconv.__path__)]
@@ -186,7 +191,7 @@ def test_a_bad_argument_gets_one_line_and_a_non_zero_exit(tool, argv, status, me
 
 
 def _cifar10_readers():
-    sources = {tool: open(_tool_module(tool).__file__).read() for tool in _tools()}
+    sources = {tool: _tool_source(tool) for tool in _tools()}
     return sorted(tool for tool, source in sources.items()
                   if any(f'{reader}(' in source for reader in ('load_cifar10', 'load_test_split', 'write_image_folder')))
 
@@ -199,7 +204,7 @@ def test_every_cifar10_reader_says_where_its_data_defaults_to(capsys):
         assert code == 0 and len(re.findall(r'^ +--data-dir DATA_DIR', out, re.MULTILINE)) == 1, tool
         help_text = ' '.join(out.split())  # as argparse wrapped it for this terminal
         assert '$TIMM_ATTNCONV_CIFAR10 when set, else ../shared/data/cifar10 beside the source checkout' in help_text
-        assert "'--data-dir'" not in open(_tool_module(tool).__file__).read(), f'{tool} declares its own --data-dir'
+        assert "'--data-dir'" not in _tool_source(tool), f'{tool} declares its own --data-dir'
 
 
 def test_a_later_device_overrides_one_this_machine_lacks():
@@ -213,7 +218,7 @@ def test_a_later_device_overrides_one_this_machine_lacks():
 def test_every_tool_runs_its_main_through_the_runner():
     # `run` hands a script's own errors through (its main reports its argument errors itself)
     for tool in _tools():
-        source = ast.parse(open(_tool_module(tool).__file__).read())
+        source = ast.parse(_tool_source(tool))
         block, = [node for node in source.body if isinstance(node, ast.If) and 'main' in ast.unparse(node.test)]
         assert ast.unparse(block.body) == ('main()' if tool == 'run' else 'cli.run(main)'), tool
 

@@ -1,5 +1,7 @@
 """CIFAR-10 loading, batch augmentation and the reproducible batch order."""
+import gc
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -58,10 +60,14 @@ def test_truncated_or_bit_flipped_npz_is_named(tmp_path):
     data = (tmp_path / 'whole.npz').read_bytes()
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 0xff  # inside the x array: the zip's CRC-32 check fails
-    for damaged in (data[:len(data) // 2], bytes(flipped)):
-        (tmp_path / 'test.npz').write_bytes(damaged)
-        with pytest.raises(ValueError, match=f"cannot read '{tmp_path / 'test.npz'}' as a CIFAR-10 npz"):
-            load_cifar10(str(tmp_path), 'test')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', ResourceWarning)
+        for damaged in (data[:len(data) // 2], bytes(flipped)):
+            (tmp_path / 'test.npz').write_bytes(damaged)
+            with pytest.raises(ValueError, match=f"cannot read '{tmp_path / 'test.npz'}' as a CIFAR-10 npz"):
+                load_cifar10(str(tmp_path), 'test')
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], 'the damaged file was left open'
 
 
 def test_crop_flip_matches_per_image_transforms():

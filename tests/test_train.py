@@ -114,6 +114,7 @@ def test_one_run_per_output_folder(tmp_path):
     finally:
         holder.kill()  # the OS releases a dead process's lock: nothing is left to clean up
         holder.wait()
+        holder.stdout.close()
     assert train_main(TINY + ['--output', str(tmp_path), '--max-steps', '1'])['stopped']
 
 
@@ -231,7 +232,7 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):
     result = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
                                 '--data-dir', synthetic_cifar10, '--limit', '50',
                                 '--json', str(tmp_path / 'eval.json')])
-    assert result['images'] == 50 and json.load(open(tmp_path / 'eval.json'))['top1'] == result['top1']
+    assert result['images'] == 50 and json.loads((tmp_path / 'eval.json').read_text())['top1'] == result['top1']
     with pytest.raises(ValueError, match='is a checkpoint of sa_quadratic_cifar, not of aa_resnet20_cifar: pass '
                                          '--model sa_quadratic_cifar'):
         evaluate_cli.main(['--model', 'aa_resnet20_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),

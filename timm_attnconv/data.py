@@ -70,7 +70,8 @@ def load_cifar10(data_dir: Optional[str] = None, split: str = 'train') -> Tuple[
 
 def _read_npz(path: str) -> Tuple[np.ndarray, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
+        # the file opened here, not by np.load: numpy leaves its own handle open when the zip is unreadable
+        with open(path, 'rb') as f, np.load(f, allow_pickle=False) as data:
             return data['x'], data['y']
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated, bit rot
         raise ValueError(f'cannot read {path!r} as a CIFAR-10 npz (arrays x and y): {e}; re-copy the file') from e
