@@ -77,15 +77,19 @@ class PostNormBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._rest(x, self.attn(x))
+        return self._mlp_residual(self._attn_residual(x, self.attn(x)))
 
     def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The block inside an evolving-attention chain: ``(x, prev logits) → (x, logits)``."""
-        attn, logits = self.attn.forward_chain(x, prev)
-        return self._rest(x, attn), logits
+        out, logits = self.attn.forward_chain(x, prev)
+        out = self._attn_residual(x, out)  # rebound: the attention output is freed before the MLP runs
+        return self._mlp_residual(out), logits
 
-    def _rest(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.drop_path1(attn))
+    # two steps, so that no caller holds the attention output while the MLP runs (one (B, H, W, D) tensor of peak)
+    def _attn_residual(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.norm1(x + self.drop_path1(attn))
+
+    def _mlp_residual(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm2(x + self.drop_path2(self.mlp(x)))
 
 
