@@ -1,4 +1,6 @@
 """AA-ResNets: the paper's parameter counts, any input size, and timm's interface on a ResNet subclass."""
+import weakref
+
 import pytest
 import timm
 import torch
@@ -124,6 +126,18 @@ def test_cifar_models():
             assert aa20(torch.randn(1, 3, *size)).shape == (1, 10)
     with pytest.raises(ValueError, match='aa_stages must be stages 1..3'):
         timm.create_model('aa_resnet20_cifar', aa_stages=(4,))
+
+
+@pytest.mark.parametrize('name', ['aa_wide_resnet28_10_cifar', 'aa_resnet20_cifar'])  # pre- and post-activation
+def test_first_convolution_output_is_freed_before_the_second_runs(name):
+    model = timm.create_model(name, **small_kwargs(name)).eval()
+    block = model.stages[1][0]  # an augmented block: its conv1 is an AAConv2d
+    outputs, alive = [], []
+    block.conv1.register_forward_hook(lambda module, args, out: outputs.append(weakref.ref(out)))
+    block.conv2.register_forward_pre_hook(lambda module, args: alive.append(outputs[-1]() is not None))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert isinstance(block.conv1, AAConv2d) and alive == [False]
 
 
 @pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'aa_resnet50', 'ea_aa_resnet20_cifar'])

@@ -138,8 +138,10 @@ class CifarBlock(nn.Module):
         return F.relu(self.bn1(x)) if self.preact else x
 
     def _rest(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        # `out` is rebound before conv2 runs, so that the first convolution's output is freed by then
         if self.preact:
-            return self.conv2(self.drop(F.relu(self.bn2(out)))) + self.shortcut(x)
+            out = F.relu(self.bn2(out))
+            return self.conv2(self.drop(out)) + self.shortcut(x)
         out = F.relu(self.bn1(out))
         return F.relu(self.bn2(self.conv2(self.drop(out))) + self.shortcut(x))
 
