@@ -38,9 +38,10 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
 
     The one place the choice lives. Its rows, and why:
 
-    * ``cpu``: the per-head loop beat the dense algorithm at every grid measured (16×16 tokens included: 1.68× the
-      original algorithm in fp32, batch 64); the batched form only matched the loop at inference, was slower in
-      training and holds heads·D-wide intermediates the loop never builds. Dense is never picked there.
+    * ``cpu``: the per-head loop beat the dense algorithm at every grid measured (16×16 tokens included: 1.39× and
+      1.63× the original algorithm's speed in two interleaved runs, fp32, batch 64); the batched form only matched
+      the loop at inference, was slower in training and holds heads·D-wide intermediates the loop never builds.
+      Dense is never picked there.
     * ``cuda`` (H100, the per-head loop against dense): bf16 batch 256 at 16×16 tokens, dense 1.8× faster (18,758 vs
       10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
       at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, in the batched form (all heads in one
