@@ -24,6 +24,8 @@ def test_main_job_leads_with_the_paper_size_model_and_skips_the_table(capsys):
     assert out.split('bundled test images')[0].strip().startswith('sa_quadratic_cifar.c10')
     assert all(f'{name} ' in out for name in timm_attnconv.list_models(pretrained=True))
     assert 'paper-style GFLOPs' not in out and 'python -m timm_attnconv --table' in out
+    score_lines = [line for line in out.splitlines() if 'accuracy:' in line]
+    assert len({line.index('accuracy:') for line in score_lines}) == 1, 'the score column is not aligned'
 
 
 def test_main_job_classifies_the_samples_with_pretrained_models(capsys):

@@ -43,11 +43,12 @@ def classify_samples(names: Sequence[str]) -> Dict[str, List[int]]:
         for file, label, pred, p in zip(files, labels.tolist(), predictions[lead], confidences[lead]):
             mark = '' if pred == label else '  ✗'
             print(f'{file:20s} {CIFAR10_CLASSES[label]:11s} {CIFAR10_CLASSES[pred]:11s} {p:5.2f}{mark}')
-    print(f"\n{'pretrained model':38s} {'params':>12s}   on the samples")
+    width = max(len('pretrained model'), *map(len, models))
+    print(f"\n{'pretrained model':{width}s} {'params':>12s}   on the samples")
     for name, model in models.items():
         correct = sum(p == t for p, t in zip(predictions[name], labels.tolist()))
         params = sum(p.numel() for p in model.parameters())
-        print(f'{name:38s} {params:12,d}   accuracy: {correct}/{len(files)} = {100 * correct / len(files):.0f}%')
+        print(f'{name:{width}s} {params:12,d}   accuracy: {correct}/{len(files)} = {100 * correct / len(files):.0f}%')
     return predictions
 
 
