@@ -1,13 +1,17 @@
 """The attention kernels of ``layers.attention_kernels`` agree with the explicit maps (fp32, 1e-5), fall back where
 FlexAttention cannot run, and a forced kernel that cannot run says why. On CPU the ``'flex'`` kernel runs eagerly
-(the ``eager_flex`` fixture; one slow test compiles it) and forward only: FlexAttention has no CPU backward."""
+(the ``eager_flex`` fixture; one slow test compiles it with inductor) and forward only: FlexAttention has no CPU
+backward."""
+import logging
+
 import pytest
 import timm
 import torch
+from torch.nn.attention.flex_attention import flex_attention
 
 from timm_attnconv.layers import (
-    AAConv2d, PositionalSelfAttention, choose_kernel, flex_unsupported_reason, relative_attention, relative_bias,
-    relative_logits, set_attn_kernel)
+    AAConv2d, PositionalSelfAttention, attention_kernels, choose_kernel, flex_unsupported_reason, relative_attention,
+    relative_bias, relative_logits, set_attn_kernel)
 from timm_attnconv.data import load_samples, normalize
 
 from .kernels import TOL
@@ -103,6 +107,28 @@ def test_flex_without_terms_is_plain_attention(eager_flex):
     with torch.no_grad():
         torch.testing.assert_close(relative_attention(q, k, v, 0.3, 'flex'),
                                    ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
+
+
+def test_compiled_flex_keeps_compiling_past_dynamos_recompile_limit(monkeypatch):
+    # Dynamo compiles flex_attention once per shape and, past recompile_limit (8) shapes of the one function, runs it
+    # unfused (every score in memory) with one log line; the kernel raises the limit for itself. A cheap backend
+    # stands in for inductor's, whose C++ compile takes seconds per shape here.
+    compiled = torch.compile(flex_attention, backend='aot_eager', dynamic=False)
+    monkeypatch.setattr(attention_kernels, '_compiled_flex_attention', lambda: compiled)
+    limit_hits = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: limit_hits.append(record.getMessage())
+    dynamo_log = logging.getLogger('torch._dynamo.convert_frame')
+    dynamo_log.addHandler(handler)
+    try:  # dynamo's default limit (monkeypatch's undo would delete a torch config entry)
+        with torch._dynamo.config.patch(recompile_limit=8), torch.no_grad():
+            for batch in range(1, 11):  # ten shapes
+                inputs = _inputs((3, 4), batch=batch)
+                torch.testing.assert_close(relative_attention(*inputs[:3], 0.3, 'flex', *inputs[3:]),
+                                           _explicit(*inputs, 0.3), **TOL)
+    finally:
+        dynamo_log.removeHandler(handler)
+    assert not [message for message in limit_hits if 'recompile_limit' in message]
 
 
 @pytest.mark.cuda

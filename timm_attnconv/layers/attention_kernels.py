@@ -20,8 +20,8 @@ Kernels (:data:`ATTN_KERNELS`):
   additive mask.
 * ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
   inside the kernel, so no ``N × N`` tensor exists, forward or backward. Run compiled (eager FlexAttention forms the
-  full score matrix); compiled once per shape. It cannot run on every input, :func:`flex_unsupported_reason` says
-  why; ``'auto'`` then takes another kernel, a forced ``'flex'`` raises.
+  full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. It cannot run on every
+  input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced ``'flex'`` raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
   fastest there); the explicit maps under tracing and ONNX export.
 """
@@ -35,13 +35,17 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from .attention_interface import AttentionLayer
 
-__all__ = ['ATTN_KERNELS', 'check_attn_kernel', 'relative_bias', 'relative_logits', 'relative_attention',
-           'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
+__all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'check_attn_kernel', 'relative_bias', 'relative_logits',
+           'relative_attention', 'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
 FLEX_MIN_HEAD_DIM = 16
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Shapes the compiled kernel of an eager model is compiled for before dynamo gives up and runs FlexAttention unfused.
+# Dynamo's own limit (recompile_limit, 8) counts every shape, grad mode and dtype of the one flex_attention function:
+# aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at two batch sizes already passes 8.
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def check_attn_kernel(kernel: str) -> str:
@@ -149,9 +153,14 @@ def _flex_relative_attention(
     score_mod = None
     if rows is not None and cols is not None:
         score_mod = _axis_score_mod(rows.to(q.dtype), cols.to(q.dtype), q.shape[0])
-    # inside a torch.compile'd model the caller's graph lowers flex_attention itself
-    attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex_attention()
-    out = attend(_pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v), score_mod=score_mod, scale=scale)
+    q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
+    if torch.compiler.is_compiling():  # inside a torch.compile'd model the caller's graph lowers flex_attention
+        out = flex_attention(q, k, v, score_mod=score_mod, scale=scale)
+    else:
+        # past dynamo's limit the kernel would silently run unfused: every score in memory, at eager speed
+        limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            out = _compiled_flex_attention()(q, k, v, score_mod=score_mod, scale=scale)
     return out[..., :value_dim]
 
 
