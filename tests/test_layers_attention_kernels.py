@@ -220,12 +220,26 @@ def test_shipped_weights_give_the_same_logits_through_every_kernel(eager_flex, n
             torch.testing.assert_close(set_attn_kernel(model, kernel)(x), ref, **TOL)
 
 
+def _aa_and_content_layers():
+    aa = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(3, 5)).eval()
+    sa = PositionalSelfAttention(6, 2, position='query_relative', content=True).eval()
+    return (aa, torch.randn(2, 6, 3, 5)), (sa, torch.randn(2, 3, 5, 6))
+
+
 @pytest.mark.slow
 def test_compiled_flex_matches_explicit_on_cpu():
     """The compiled kernel (inductor's C++ FlexAttention) on one AA and one SA content layer, non-square grid."""
-    aa = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(3, 5)).eval()
-    sa = PositionalSelfAttention(6, 2, position='query_relative', content=True).eval()
-    for layer, x in ((aa, torch.randn(2, 6, 3, 5)), (sa, torch.randn(2, 3, 5, 6))):
+    for layer, x in _aa_and_content_layers():
         with torch.no_grad():
             ref = set_attn_kernel(layer, 'explicit')(x)
             torch.testing.assert_close(set_attn_kernel(layer, 'flex')(x), ref, **TOL)
+
+
+@pytest.mark.slow
+def test_flex_in_a_compiled_model_on_cpu_matches_explicit():
+    """Inside a torch.compile'd model on CPU the kernel runs outside the model's graph: inductor's C++ template
+    refused score terms computed in the graph (an InductorError before)."""
+    for layer, x in _aa_and_content_layers():
+        with torch.no_grad():
+            ref = set_attn_kernel(layer, 'explicit')(x)
+            torch.testing.assert_close(torch.compile(set_attn_kernel(layer, 'flex'))(x), ref, **TOL)

@@ -20,8 +20,10 @@ Kernels (:data:`ATTN_KERNELS`):
   additive mask.
 * ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
   inside the kernel, so no ``N × N`` tensor exists, forward or backward. Run compiled (eager FlexAttention forms the
-  full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. It cannot run on every
-  input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced ``'flex'`` raises.
+  full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. In a ``torch.compile``'d
+  model the model's graph lowers it on CUDA; on CPU it runs as its own compiled kernel there too (a graph break). It
+  cannot run on every input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced
+  ``'flex'`` raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
   fastest there); the explicit maps under tracing and ONNX export.
 """
@@ -132,9 +134,11 @@ def _pad_head_dim(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, FLEX_MIN_HEAD_DIM - x.shape[-1])) if x.shape[-1] < FLEX_MIN_HEAD_DIM else x
 
 
-def _axis_score_mod(rows: torch.Tensor, cols: torch.Tensor, batch: int):
+def _axis_score_mod(rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], batch: int):
     # (B', h, H, W, H) → (B, h, N, H): the key's row and column pick a term of the query's rows; stride 0 over a
-    # shared batch, so an input-independent term is not copied B times
+    # shared batch, so an input-independent term is not copied B times. No terms: plain attention (None)
+    if rows is None or cols is None:
+        return None
     _, heads, height, width = rows.shape[:4]
     rows = rows.reshape(-1, heads, height * width, height).expand(batch, -1, -1, -1)
     cols = cols.reshape(-1, heads, height * width, width).expand(batch, -1, -1, -1)
@@ -150,18 +154,29 @@ def _flex_relative_attention(
 ) -> torch.Tensor:
     value_dim = v.shape[-1]
     v = v.to(q.dtype)  # FlexAttention takes one dtype (autocast leaves a layer's tokens in fp32)
-    score_mod = None
     if rows is not None and cols is not None:
-        score_mod = _axis_score_mod(rows.to(q.dtype), cols.to(q.dtype), q.shape[0])
+        rows, cols = rows.to(q.dtype), cols.to(q.dtype)
     q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
-    if torch.compiler.is_compiling():  # inside a torch.compile'd model the caller's graph lowers flex_attention
-        out = flex_attention(q, k, v, score_mod=score_mod, scale=scale)
+    if torch.compiler.is_compiling() and q.device.type != 'cpu':
+        # inside a torch.compile'd model the caller's graph lowers flex_attention
+        out = flex_attention(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]), scale=scale)
     else:
-        # past dynamo's limit the kernel would silently run unfused: every score in memory, at eager speed
-        limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        with torch._dynamo.config.patch(recompile_limit=limit):
-            out = _compiled_flex_attention()(q, k, v, score_mod=score_mod, scale=scale)
+        out = _flex_compiled_alone(q, k, v, scale, rows, cols)
     return out[..., :value_dim]
+
+
+# Inside a compiled model on CPU the kernel runs outside the model's graph: inductor's C++ FlexAttention template
+# cannot read score terms that the graph itself computes (torch 2.14: "All the buffers in the score and mask
+# subgraph should be in kernel_group.args.input_buffers"); a graph break makes them inputs of the kernel.
+@torch.compiler.disable
+def _flex_compiled_alone(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+        rows: Optional[torch.Tensor], cols: Optional[torch.Tensor],
+) -> torch.Tensor:
+    # past dynamo's recompile limit the kernel would silently run unfused: every score in memory, at eager speed
+    limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        return _compiled_flex_attention()(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]), scale=scale)
 
 
 def flex_unsupported_reason(
