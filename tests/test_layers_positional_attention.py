@@ -1,9 +1,12 @@
 """Position scores and the attention core against literal formulas, on non-square grids."""
+import copy
+
 import pytest
 import torch
 
 from timm_attnconv.layers import (
-    POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path, set_attn_path)
+    POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path, set_attn_kernel,
+    set_attn_path)
 from timm_attnconv.layers import positional_attention
 
 from .kernels import TOL, assert_sdpa_matches_explicit
@@ -217,3 +220,19 @@ def test_every_path_scripts_exports_and_compiles(path):
         torch.testing.assert_close(torch.export.export(attn, (x,)).module()(x), expected)
         # the path is chosen from x's device and grid inside forward: one graph, no break
         torch.testing.assert_close(torch.compile(attn, backend='eager', fullgraph=True)(x), expected)
+
+
+@pytest.mark.parametrize('position', ['query_relative', 'learned', 'quadratic', 'quadratic_gen'])
+def test_fuse_folds_a_content_layers_keys_into_its_queries(eager_flex, position):
+    # on a grid larger than the learned tables (resized), with nonzero biases: the same logits, per-query part
+    # included, and the same output through every kernel; a position term without a row+column form keeps its keys
+    attn = PositionalSelfAttention(8, 3, position=position, content=True, max_grid=4).eval()
+    x = torch.randn(2, HEIGHT + 1, WIDTH, 8)
+    with torch.no_grad():
+        logits, out = attn.attention_logits(x), attn(x)
+        fused = copy.deepcopy(attn).fuse()
+        assert (fused.k is None) == (position != 'quadratic_gen')
+        torch.testing.assert_close(fused.attention_logits(x), logits, **TOL)
+        for kernel in ('explicit', 'sdpa') + (('flex',) if fused.axis_position else ()):
+            torch.testing.assert_close(set_attn_kernel(fused, kernel)(x), out, **TOL)
+        torch.testing.assert_close(torch.jit.script(set_attn_kernel(fused, 'auto'))(x), out, **TOL)

@@ -23,8 +23,8 @@ import torch.nn as nn
 
 from .relative import gather_relative, relative_offsets, rel_logits_2d
 
-__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'combine_axis_logits', 'per_query_axis_terms',
-           'PositionTerm', 'POSITION_TERMS', 'position_term']
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'FoldedQueryRelativeScores', 'combine_axis_logits',
+           'per_query_axis_terms', 'PositionTerm', 'POSITION_TERMS', 'position_term']
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -210,6 +210,65 @@ class QueryRelativeScores(nn.Module):
 
     def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``q``: ``(B, heads, H, W, dim)`` queries → ``(B, heads, H, W, H, W)`` logits."""
+        rows, cols = self.axis_terms(height, width, q)
+        return rows[..., :, None] + cols[..., None, :]
+
+    @torch.no_grad()
+    def fold_queries(self, weight: torch.Tensor, bias: torch.Tensor, scale: float) -> 'FoldedQueryRelativeScores':
+        """These scores, times ``scale``, of the queries ``q = weight·x + bias`` (``(heads·dim, dim)``, ``(heads·dim,)``)
+        as a function of the tokens ``x``: each offset's embedding ``r`` meets ``x`` through ``weightᵀ r``, so the
+        queries themselves are never formed (inference; :meth:`PositionalSelfAttention.fuse`)."""
+        dim = weight.shape[1]
+        weight, bias = weight.view(-1, dim, dim), bias.view(-1, dim)  # per head: (heads, q channel, token channel)
+
+        def fold(table: torch.Tensor, channels: slice) -> Tuple[torch.Tensor, torch.Tensor]:
+            # (offsets, C) embeddings → (offsets, heads, dim) token weights and (offsets, heads) offsets' biases
+            return (scale * torch.einsum('oc,hcd->ohd', table, weight[:, channels]),
+                    scale * torch.einsum('oc,hc->oh', table, bias[:, channels]))
+
+        split = slice(0, self.split), slice(self.split, dim)
+        return FoldedQueryRelativeScores(*fold(self.rows.weight, split[0]), *fold(self.cols.weight, split[1]),
+                                         self.resize)
+
+
+class FoldedQueryRelativeScores(nn.Module):
+    """:class:`QueryRelativeScores` of queries folded into their projection (:meth:`QueryRelativeScores.fold_queries`):
+    ``axis_terms`` takes the ``(B, H, W, dim)`` tokens and returns the scaled ``q·r`` row and column terms."""
+
+    separable = False
+
+    def __init__(self, row_weight: torch.Tensor, row_bias: torch.Tensor, col_weight: torch.Tensor,
+                 col_bias: torch.Tensor, resize: bool = True):
+        super().__init__()
+        self.resize = resize
+        # per offset (linear in the embeddings, so resizing a folded table is resizing the table, then folding)
+        self.row_weight, self.row_bias = nn.Parameter(row_weight), nn.Parameter(row_bias)
+        self.col_weight, self.col_bias = nn.Parameter(col_weight), nn.Parameter(col_bias)
+
+    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError('query-relative scores depend on the input and are not separable')
+
+    def _axis(self, weight: torch.Tensor, bias: torch.Tensor, length: int, name: str
+              ) -> Tuple[torch.Tensor, torch.Tensor]:
+        # (L_query, L_key, heads, dim) token weights and (heads, L_query, L_key) biases of the offsets key − query
+        heads, dim = weight.shape[1], weight.shape[2]
+        weights = gather_relative(weight.reshape(weight.shape[0], heads * dim), length, self.resize, name)
+        biases = gather_relative(bias, length, self.resize, name)
+        return weights.view(length, length, heads, dim), biases.permute(2, 0, 1)
+
+    def axis_terms(
+            self, height: int, width: int, q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``q``: the ``(B, H, W, dim)`` tokens → row and column terms ``(B, heads, H, W, H)``, ``(…, W)``."""
+        if q is None:
+            raise ValueError('folded query-relative scores need the tokens')
+        row_weights, row_biases = self._axis(self.row_weight, self.row_bias, height, 'row-offset table')
+        col_weights, col_biases = self._axis(self.col_weight, self.col_bias, width, 'column-offset table')
+        rows = torch.einsum('bijd,ikhd->bhijk', q, row_weights.to(q.dtype))
+        cols = torch.einsum('bijd,jlhd->bhijl', q, col_weights.to(q.dtype))
+        return rows + row_biases[None, :, :, None, :].to(rows.dtype), cols + col_biases[None, :, None].to(cols.dtype)
+
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``q``: the ``(B, H, W, dim)`` tokens → ``(B, heads, H, W, H, W)`` logits."""
         rows, cols = self.axis_terms(height, width, q)
         return rows[..., :, None] + cols[..., None, :]
 
