@@ -46,6 +46,19 @@ def test_quadratic_counts_match_the_original_code():
     assert round(report['paper_gflops'], 2) == 6.18  # the paper's "6.2B" (thop: 2 × Linear MACs)
 
 
+def test_reparameterize_drops_the_content_keys():
+    report = model_report('sa_learned_content_cifar')
+    fused = model_report('sa_learned_content_cifar', reparameterize=True)
+    tokens, dim, heads, side = 256, 400, 9, 16
+    keys = tokens * dim * heads * dim  # the key Linear, gone
+    proj = tokens * dim * dim  # proj folded into proj_heads
+    offset = tokens * dim * heads  # the per-query logit that folding keeps (a Linear D -> heads)
+    q_r = 2 * tokens * side * heads * (dim - dim // 2)  # q·r read off the D-wide tokens instead of D/2-wide queries
+    assert report['macs'] - fused['macs'] == 6 * (keys + proj - offset - q_r)
+    assert (report['params'], fused['params']) == (29_484_282, 21_150_084)
+    assert fused['macs_original'] == report['macs_original']
+
+
 def test_cli_prints_a_table(capsys):
     main(['sa_quadratic_gen_pruned_cifar'])
     out = capsys.readouterr().out

@@ -120,10 +120,11 @@ def _paper_counted_macs(model: nn.Module, inputs: torch.Tensor) -> int:
     return total
 
 
-def model_report(name: str, img_size: Optional[int] = None, **kwargs) -> Dict[str, Any]:
+def model_report(name: str, img_size: Optional[int] = None, reparameterize: bool = False, **kwargs) -> Dict[str, Any]:
     """Params and MACs of a registered model for one ``img_size``×``img_size`` image (default: the cfg's size).
 
-    Returns a dict with ``params``; ``macs``, the fvcore count (exact handles) of the path the model runs by default;
+    Returns a dict with ``params``; ``macs``, the fvcore count (exact handles) of the path the model runs by default
+    (``reparameterize``: after ``timm.utils.reparameterize_model``, the inference form; ``params`` likewise);
     ``macs_original``, the same for the original algorithm (every attention layer forced to ``attn_path='dense'``);
     ``paper_gflops``, the GFLOPs in the convention of the model's paper: for Cordonnier et al., 2 × the MACs of the
     Linear layers and the stem (their counter did not see the attention einsums); for Bello et al. and Wang et al.,
@@ -136,8 +137,13 @@ def model_report(name: str, img_size: Optional[int] = None, **kwargs) -> Dict[st
     if img_size is not None:
         height = width = img_size
     x = torch.randn(1, in_chans, height, width)
-    report = dict(name=name, img_size=height, params=sum(p.numel() for p in model.parameters()),
-                  macs=count_macs(model, x))
+    if reparameterize:
+        from timm.utils import reparameterize_model  # timm.models exports it only from timm 1.0.31
+        runs = reparameterize_model(model)  # a copy: the original algorithm below is counted on the model as built
+    else:
+        runs = model
+    report = dict(name=name, img_size=height, params=sum(p.numel() for p in runs.parameters()),
+                  macs=count_macs(runs, x))
     set_attn_path(model, 'dense')
     report['macs_original'] = count_macs(model, x)
     if any(isinstance(m, PositionalSelfAttention) for m in model.modules()):
@@ -168,9 +174,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('models', nargs='*', type=cli.model_name, help='model names (default: all registered)')
     parser.add_argument('--img-size', type=cli.positive_int, default=None,
                         help='square input size (default: each cfg\'s)')
+    parser.add_argument('--reparameterize', action='store_true',
+                        help='params and GMACs of the inference form (timm.utils.reparameterize_model: folded '
+                             'projections, content keys folded into the queries)')
     args = parser.parse_args(argv)
     names = args.models or list_models()
-    print(_format_table([model_report(n, args.img_size) for n in names]))
+    print(_format_table([model_report(n, args.img_size, args.reparameterize) for n in names]))
 
 
 if __name__ == '__main__':

@@ -23,8 +23,8 @@ import torch.nn as nn
 
 from .relative import gather_relative, relative_offsets, rel_logits_2d
 
-__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'FoldedQueryRelativeScores', 'combine_axis_logits',
-           'per_query_axis_terms', 'PositionTerm', 'POSITION_TERMS', 'position_term']
+__all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'FoldedQueryRelativeScores',
+           'combine_axis_logits', 'per_query_axis_terms', 'PositionTerm', 'POSITION_TERMS', 'position_term']
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -215,9 +215,9 @@ class QueryRelativeScores(nn.Module):
 
     @torch.no_grad()
     def fold_queries(self, weight: torch.Tensor, bias: torch.Tensor, scale: float) -> 'FoldedQueryRelativeScores':
-        """These scores, times ``scale``, of the queries ``q = weight·x + bias`` (``(heads·dim, dim)``, ``(heads·dim,)``)
-        as a function of the tokens ``x``: each offset's embedding ``r`` meets ``x`` through ``weightᵀ r``, so the
-        queries themselves are never formed (inference; :meth:`PositionalSelfAttention.fuse`)."""
+        """These scores, times ``scale``, of the queries ``q = weight·x + bias`` (weight ``(heads·dim, dim)``, bias
+        ``(heads·dim,)``) as a function of the tokens ``x``: each offset's embedding ``r`` meets ``x`` through
+        ``weightᵀ r``, so the queries themselves are never formed (inference; :meth:`PositionalSelfAttention.fuse`)."""
         dim = weight.shape[1]
         weight, bias = weight.view(-1, dim, dim), bias.view(-1, dim)  # per head: (heads, q channel, token channel)
 

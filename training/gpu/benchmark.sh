@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, before any training starts (a busy GPU makes every ratio meaningless): every comparison of
 # issue 18 in one go, bf16 autocast, interleaved sides, eager then compiled where it says so. Prints to stdout and
-# to $OUT/benchmark.txt (or ./benchmark.txt). Each of its 9 steps is cut at 90 s, so it can outlast one 10-minute call:
+# to $OUT/benchmark.txt (or ./benchmark.txt). Each of its 10 steps is cut at 90 s, so it can outlast one 10-minute call:
 # start it in the background and collect the file (its time on an H100 is not measured yet).
 # Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh > /tmp/benchmark.out 2>&1 &    (--quick: 2 repetitions)
 set -uo pipefail
@@ -20,6 +20,8 @@ for c in "" --compile; do
 done
 # fused relative-position kernels (item 2) and the AA / EA pairs against their peers (item 3)
 step $B --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 128
+# the content model's inference form (keys folded into the queries) against the original, batch 256: its memory target
+step $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-model ''
 for c in "" --compile; do
   step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
 done
