@@ -110,6 +110,19 @@ def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
     _assert_same_results(_logits_and_grads(set_attn_path(model, path), x), dense, f'{name} at {size} px, {path}')
 
 
+@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_content_cifar', 'ea_sa_learned_content_cifar'])
+@pytest.mark.parametrize('kernel', ['sdpa', 'flex', 'auto'])
+def test_the_inference_form_gives_the_cpu_logits_on_the_device(name, kernel):
+    # reparameterize_model: projections folded, a content layer's keys folded into its queries (tokens as keys)
+    if kernel == 'flex' and DEVICE.type == 'cpu':
+        pytest.skip('the CPU suite checks the folded layers through FlexAttention (tests/test_layers_*)')
+    model, x = _small(name)
+    with torch.no_grad():
+        expected = model(x)
+        fused = set_attn_kernel(timm.utils.reparameterize_model(model).to(DEVICE), kernel)
+        _assert_near(fused(x.to(DEVICE)).cpu(), expected, f'{name} reparameterized on {DEVICE}, {kernel}')
+
+
 @pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'sa_learned_content_cifar', 'aa_resnet50'])
 @pytest.mark.parametrize('kernel', ['sdpa', 'flex', 'auto'])
 def test_every_kernel_gives_the_explicit_results_on_the_device(name, kernel):
