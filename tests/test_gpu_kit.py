@@ -40,6 +40,22 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     assert all(torch.equal(run['model'][k], v) for k, v in state['model'].items())
 
 
+def test_a_run_whose_compile_fails_trains_on_without_it(tmp_path, synthetic_cifar10):
+    # inductor's C++ compiler made to fail (CXX), an empty kernel cache: torch.compile fails at the first step
+    compiler = tmp_path / 'no-compiler'
+    compiler.write_text('#!/bin/sh\nexit 1\n')
+    compiler.chmod(0o755)
+    env = dict(os.environ, RUNS=str(tmp_path / 'runs'), DATA=synthetic_cifar10, CXX=str(compiler),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / 'inductor'), OMP_NUM_THREADS='1')
+    kit('launch.sh', 'sa_learned_cifar', '--device', 'cpu', '--amp', 'none', '--epochs', '1', '--train-limit', '64',
+        '--batch-size', '64', '--eval-limit', '20', '--model-kwargs',
+        json.dumps(dict(embed_dim=16, depth=1, mlp_dim=16, num_heads=3)), env=env)
+    status = kit('status.sh', '300', env=env)
+    assert '== sa_learned_cifar: not running' in status and 'epoch=1 ' in status
+    log = (tmp_path / 'runs' / 'sa_learned_cifar' / 'train.out').read_text()
+    assert 'InductorError' in log and 'launch.sh: torch.compile failed; training on without it' in log
+
+
 def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
     # the CPU stands in for the device (TIMM_ATTNCONV_TEST_DEVICE), and one check for all of them
     env = dict(os.environ, RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'checks.txt'),

@@ -3,7 +3,8 @@
 # with setsid nohup so that it outlives the device tool's 10-minute command (it runs until it finishes or the machine
 # goes back). Output: $RUNS/NAME (checkpoint, log.jsonl, train.out). Extra arguments are appended to the recipe's
 # (a later option wins), e.g. `launch.sh sa_learned_cifar --epochs 1 --train-limit 5120` for a smoke run.
-# Running it again resumes the run from its checkpoint. COMPILE=0 trains without torch.compile.
+# Running it again resumes the run from its checkpoint. COMPILE=0 trains without torch.compile; a run whose compile
+# fails goes on without it by itself.
 # Usage: training/gpu/launch.sh NAME [TRAIN ARGS...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repo root, whose timm_attnconv the runs import
@@ -36,10 +37,19 @@ case $name in
   *)
     echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
 esac
-gpu=(--device cuda --amp bf16 --eval-every 10)
-[ "${COMPILE:-1}" = 0 ] || gpu+=(--compile)
 mkdir -p "$runs/$name"
-cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" "${gpu[@]}" "$@")
+cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" --device cuda --amp bf16
+     --eval-every 10 "$@")
+[ "${COMPILE:-1}" = 0 ] || cmd+=(--compile)
 echo "${cmd[*]}" >> "$runs/$name/command.txt"
-PYTHONUNBUFFERED=1 setsid nohup "${cmd[@]}" >> "$runs/$name/train.out" 2>&1 < /dev/null &
+log=$runs/$name/train.out
+# Detached. A run whose torch.compile fails (dynamo's or inductor's error in what it wrote) starts again without it,
+# resuming its checkpoint if it has one (compile is a runtime setting), so that no device call goes to relaunching it.
+PYTHONUNBUFFERED=1 setsid nohup bash -c '
+  log=$1; shift; start=$(stat -c %s "$log")
+  "$@" && exit
+  [ "${!#}" = --compile ] && tail -c +$((start + 1)) "$log" |
+    grep -qE "InductorError|BackendCompilerFailed|InternalTorchDynamoError|torch\._(dynamo|inductor)" || exit 1
+  echo "launch.sh: torch.compile failed; training on without it"
+  exec "${@:1:$#-1}"' launch.sh "$log" "${cmd[@]}" >> "$log" 2>&1 < /dev/null &
 echo "started $name (pid $!): ${cmd[*]}"
