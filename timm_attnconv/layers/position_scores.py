@@ -218,13 +218,15 @@ class QueryRelativeScores(nn.Module):
         """These scores, times ``scale``, of the queries ``q = weight·x + bias`` (weight ``(heads·dim, dim)``, bias
         ``(heads·dim,)``) as a function of the tokens ``x``: each offset's embedding ``r`` meets ``x`` through
         ``weightᵀ r``, so the queries themselves are never formed (inference; :meth:`PositionalSelfAttention.fuse`)."""
-        dim = weight.shape[1]
-        weight, bias = weight.view(-1, dim, dim), bias.view(-1, dim)  # per head: (heads, q channel, token channel)
+        dim, dtype = weight.shape[1], weight.dtype
+        # per head: (heads, q channel, token channel); products in at least fp32, stored in the model's dtype
+        weight, bias = weight.float().view(-1, dim, dim), bias.float().view(-1, dim)
 
         def fold(table: torch.Tensor, channels: slice) -> Tuple[torch.Tensor, torch.Tensor]:
             # (offsets, C) embeddings → (offsets, heads, dim) token weights and (offsets, heads) offsets' biases
-            return (scale * torch.einsum('oc,hcd->ohd', table, weight[:, channels]),
-                    scale * torch.einsum('oc,hc->oh', table, bias[:, channels]))
+            table = table.float()
+            return (scale * torch.einsum('oc,hcd->ohd', table, weight[:, channels]).to(dtype),
+                    scale * torch.einsum('oc,hc->oh', table, bias[:, channels]).to(dtype))
 
         split = slice(0, self.split), slice(self.split, dim)
         return FoldedQueryRelativeScores(*fold(self.rows.weight, split[0]), *fold(self.cols.weight, split[1]),

@@ -338,9 +338,10 @@ class PositionalSelfAttention(AttentionLayer):
         if self.q is None or self.k is None or not self.axis_position:
             return
         heads, dim = self.num_heads, self.dim
-        weight_q, bias_q = self.q.weight.view(heads, dim, dim), self.q.bias.view(heads, dim)
-        weight_k, bias_k = self.k.weight.view(heads, dim, dim), self.k.bias.view(heads, dim)
-        dd = dict(device=weight_q.device, dtype=weight_q.dtype)
+        dd = dict(device=self.q.weight.device, dtype=self.q.weight.dtype)
+        # products formed in at least fp32 (a bf16 model's fold would round every sum), stored in the model's dtype
+        weight_q, bias_q = self.q.weight.float().view(heads, dim, dim), self.q.bias.float().view(heads, dim)
+        weight_k, bias_k = self.k.weight.float().view(heads, dim, dim), self.k.bias.float().view(heads, dim)
         if self.query_position:
             self.pos = self.pos.fold_queries(self.q.weight, self.q.bias, self.scale)
         queries = nn.Linear(dim, heads * dim, **dd)
