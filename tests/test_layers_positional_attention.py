@@ -236,3 +236,11 @@ def test_fuse_folds_a_content_layers_keys_into_its_queries(eager_flex, position)
         for kernel in ('explicit', 'sdpa') + (('flex',) if fused.axis_position else ()):
             torch.testing.assert_close(set_attn_kernel(fused, kernel)(x), out, **TOL)
         torch.testing.assert_close(torch.jit.script(set_attn_kernel(fused, 'auto'))(x), out, **TOL)
+
+
+def test_fusing_a_bf16_layer_rounds_each_folded_weight_once():
+    # the products are formed in fp32 and rounded to the layer's dtype once: as folding its fp32 copy, then casting
+    attn = PositionalSelfAttention(32, 3, position='query_relative', content=True).eval().to(torch.bfloat16)
+    fused, in_fp32 = copy.deepcopy(attn).fuse(), copy.deepcopy(attn).float().fuse()
+    for (name, param), (_, reference) in zip(fused.named_parameters(), in_fp32.named_parameters()):
+        assert param.dtype == torch.bfloat16 and torch.equal(param, reference.to(torch.bfloat16)), name

@@ -220,13 +220,14 @@ class QueryRelativeScores(nn.Module):
         ``weightᵀ r``, so the queries themselves are never formed (inference; :meth:`PositionalSelfAttention.fuse`)."""
         dim, dtype = weight.shape[1], weight.dtype
         # per head: (heads, q channel, token channel); products in at least fp32, stored in the model's dtype
-        weight, bias = weight.float().view(-1, dim, dim), bias.float().view(-1, dim)
+        work = torch.promote_types(dtype, torch.float32)
+        weight, bias = weight.to(work).view(-1, dim, dim), bias.to(work).view(-1, dim)
 
         def fold(table: torch.Tensor, channels: slice) -> Tuple[torch.Tensor, torch.Tensor]:
             # (offsets, C) embeddings → (offsets, heads, dim) token weights and (offsets, heads) offsets' biases
-            table = table.float()
-            return (scale * torch.einsum('oc,hcd->ohd', table, weight[:, channels]).to(dtype),
-                    scale * torch.einsum('oc,hc->oh', table, bias[:, channels]).to(dtype))
+            table = table.to(work)
+            return ((scale * torch.einsum('oc,hcd->ohd', table, weight[:, channels])).to(dtype),
+                    (scale * torch.einsum('oc,hc->oh', table, bias[:, channels])).to(dtype))
 
         split = slice(0, self.split), slice(self.split, dim)
         return FoldedQueryRelativeScores(*fold(self.rows.weight, split[0]), *fold(self.cols.weight, split[1]),

@@ -323,8 +323,10 @@ class PositionalSelfAttention(AttentionLayer):
         fused = nn.Linear(
             self.proj_heads.in_features, self.proj.out_features,
             device=self.proj.weight.device, dtype=self.proj.weight.dtype)
-        fused.weight.copy_(self.proj.weight @ self.proj_heads.weight)
-        fused.bias.copy_(self.proj.weight @ self.proj_heads.bias + self.proj.bias)
+        work = torch.promote_types(self.proj.weight.dtype, torch.float32)  # products in at least fp32
+        outer = self.proj.weight.to(work)
+        fused.weight.copy_(outer @ self.proj_heads.weight.to(work))
+        fused.bias.copy_(outer @ self.proj_heads.bias.to(work) + self.proj.bias.to(work))
         self.proj_heads = fused
         self.proj = nn.Identity()
         return self
@@ -340,8 +342,9 @@ class PositionalSelfAttention(AttentionLayer):
         heads, dim = self.num_heads, self.dim
         dd = dict(device=self.q.weight.device, dtype=self.q.weight.dtype)
         # products formed in at least fp32 (a bf16 model's fold would round every sum), stored in the model's dtype
-        weight_q, bias_q = self.q.weight.float().view(heads, dim, dim), self.q.bias.float().view(heads, dim)
-        weight_k, bias_k = self.k.weight.float().view(heads, dim, dim), self.k.bias.float().view(heads, dim)
+        work = torch.promote_types(dd['dtype'], torch.float32)
+        weight_q, bias_q = self.q.weight.to(work).view(heads, dim, dim), self.q.bias.to(work).view(heads, dim)
+        weight_k, bias_k = self.k.weight.to(work).view(heads, dim, dim), self.k.bias.to(work).view(heads, dim)
         if self.query_position:
             self.pos = self.pos.fold_queries(self.q.weight, self.q.bias, self.scale)
         queries = nn.Linear(dim, heads * dim, **dd)
