@@ -179,15 +179,27 @@ class LearnedScores(InputIndependentScores):
         return combine_axis_logits(rows, cols)
 
 
-class QueryRelativeScores(nn.Module):
+class InputDependentScores(nn.Module):
+    """Base of the position terms computed from the input (the subclass's ``axis_terms``): not separable."""
+
+    separable = False
+
+    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError('query-relative scores depend on the input and are not separable')
+
+    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``q``: what the subclass's ``axis_terms`` reads → ``(B, heads, H, W, H, W)`` logits."""
+        rows, cols = self.axis_terms(height, width, q)
+        return rows[..., :, None] + cols[..., None, :]
+
+
+class QueryRelativeScores(InputDependentScores):
     """Query-dependent relative scores ``q · r`` (Ramachandran et al. 2019), as in the paper's content model.
 
     The first half of each head's query scores row offsets, the second half column offsets, as in the authors' later
     code (``query_positional_score``); both tables are shared by all heads. Returns unscaled logits; the attention
     core scales them with the content term.
     """
-
-    separable = False
 
     def __init__(self, dim: int, max_grid: int = 16, resize: bool = True, device=None, dtype=None):
         super().__init__()
@@ -197,9 +209,6 @@ class QueryRelativeScores(nn.Module):
         self.rows = nn.Embedding(2 * max_grid - 1, self.split, **dd)
         self.cols = nn.Embedding(2 * max_grid - 1, dim - self.split, **dd)
 
-    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        raise RuntimeError('query-relative scores depend on the input and are not separable')
-
     def axis_terms(
             self, height: int, width: int, q: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``q``: ``(B, heads, H, W, dim)`` queries → row and column terms ``(B, heads, H, W, H)``, ``(…, W)``."""
@@ -207,11 +216,6 @@ class QueryRelativeScores(nn.Module):
             raise ValueError('query-relative scores need the queries q')
         return rel_logits_2d(
             q[..., :self.split], q[..., self.split:], self.rows.weight, self.cols.weight, resize=self.resize)
-
-    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``q``: ``(B, heads, H, W, dim)`` queries → ``(B, heads, H, W, H, W)`` logits."""
-        rows, cols = self.axis_terms(height, width, q)
-        return rows[..., :, None] + cols[..., None, :]
 
     @torch.no_grad()
     def fold_queries(self, weight: torch.Tensor, bias: torch.Tensor, scale: float) -> 'FoldedQueryRelativeScores':
@@ -234,11 +238,9 @@ class QueryRelativeScores(nn.Module):
                                          self.resize)
 
 
-class FoldedQueryRelativeScores(nn.Module):
+class FoldedQueryRelativeScores(InputDependentScores):
     """:class:`QueryRelativeScores` of queries folded into their projection (:meth:`QueryRelativeScores.fold_queries`):
     ``axis_terms`` takes the ``(B, H, W, dim)`` tokens and returns the scaled ``q·r`` row and column terms."""
-
-    separable = False
 
     def __init__(self, row_weight: torch.Tensor, row_bias: torch.Tensor, col_weight: torch.Tensor,
                  col_bias: torch.Tensor, resize: bool = True):
@@ -247,9 +249,6 @@ class FoldedQueryRelativeScores(nn.Module):
         # per offset (linear in the embeddings, so resizing a folded table is resizing the table, then folding)
         self.row_weight, self.row_bias = nn.Parameter(row_weight), nn.Parameter(row_bias)
         self.col_weight, self.col_bias = nn.Parameter(col_weight), nn.Parameter(col_bias)
-
-    def axis_logits(self, height: int, width: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        raise RuntimeError('query-relative scores depend on the input and are not separable')
 
     def _axis(self, weight: torch.Tensor, bias: torch.Tensor, length: int, name: str
               ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -269,11 +268,6 @@ class FoldedQueryRelativeScores(nn.Module):
         rows = torch.einsum('bijd,ikhd->bhijk', q, row_weights.to(q.dtype))
         cols = torch.einsum('bijd,jlhd->bhijl', q, col_weights.to(q.dtype))
         return rows + row_biases[None, :, :, None, :].to(rows.dtype), cols + col_biases[None, :, None].to(cols.dtype)
-
-    def forward(self, height: int, width: int, q: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``q``: the ``(B, H, W, dim)`` tokens → ``(B, heads, H, W, H, W)`` logits."""
-        rows, cols = self.axis_terms(height, width, q)
-        return rows[..., :, None] + cols[..., None, :]
 
 
 class PositionTerm(NamedTuple):

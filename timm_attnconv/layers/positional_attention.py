@@ -191,7 +191,7 @@ class PositionalSelfAttention(AttentionLayer):
         if not self.axis_position:
             return None, None, self._position_bias(height, width)
         batch = tokens.shape[0]
-        if self.query_offset is not None:  # folded (fuse): q·r read off the tokens, already scaled
+        if self.query_position and self.query_offset is not None:  # folded (fuse): read off the tokens, scaled
             rows, cols = self.pos.axis_terms(height, width, tokens.reshape(batch, height, width, self.dim))
         elif self.query_position:
             q_grid = q.reshape(batch, self.num_heads, height, width, self.dim)
