@@ -27,7 +27,7 @@ from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
            'non_negative_float', 'probability', 'json_object', 'check_value', 'model_name', 'device', 'missing_device',
-           'create_model', 'add_model_args', 'add_data_dir_arg', 'add_data_args', 'add_device_arg', 'load_model',
+           'create_model', 'add_model_args', 'add_data_dir_arg', 'add_test_set_args', 'add_device_arg', 'load_model',
            'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
@@ -225,10 +225,15 @@ def add_data_dir_arg(parser: argparse.ArgumentParser, files: str = 'test.npz', u
                              f'checkout')
 
 
-def add_data_args(parser: argparse.ArgumentParser) -> None:
+def add_test_set_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a tool that measures a model on the CIFAR-10 test split: the model (:func:`add_model_args`),
+    the data, the device and ``--json``."""
+    add_model_args(parser)
     add_data_dir_arg(parser)
     parser.add_argument('--limit', type=positive_int, default=None, help='first N test images only')
     parser.add_argument('--batch-size', type=positive_int, default=500)
+    add_device_arg(parser)
+    parser.add_argument('--json', default=None, help='also write the result to this file')
 
 
 def load_model(args: argparse.Namespace, **kwargs) -> nn.Module:

@@ -63,10 +63,7 @@ def evaluate(
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
     parser = cli.parser(__spec__.name, 'CIFAR-10 test accuracy of a timm_attnconv model.')
-    cli.add_model_args(parser)
-    cli.add_data_args(parser)
-    cli.add_device_arg(parser)
-    parser.add_argument('--json', default=None, help='also write the result to this file')
+    cli.add_test_set_args(parser)
     args = parser.parse_args(argv)
 
     model = cli.load_model(args).to(args.device)

@@ -131,10 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     """Theorem 1 on a trained network: its CIFAR-10 test results before and after :func:`convert_convs`."""
     from .evaluate import predict_logits, scores
     parser = cli.parser(__spec__.name, main.__doc__)
-    cli.add_model_args(parser)
-    cli.add_data_args(parser)
-    cli.add_device_arg(parser)
-    parser.add_argument('--json', default=None, help='also write the result to this file')
+    cli.add_test_set_args(parser)
     args = parser.parse_args(argv)
 
     model = cli.load_model(args).to(args.device)
