@@ -118,6 +118,14 @@ def test_weights_dir_override_and_hub_only_mode(tmp_path, monkeypatch):
         timm.create_model(PRETRAINED[0].split('.')[0], pretrained=True)
 
 
+def _hub_client(env, *args):
+    """The JSON line of ``hub_client.py ARGS`` in a fresh interpreter with ``env``."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name('hub_client.py')), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_hub_download_path_on_a_loopback_endpoint(tmp_path):
     """The real ``huggingface_hub`` download code, in a fresh interpreter pointed at a loopback Hub."""
     name = 'sa_quadratic_cifar.c10'  # the headline: paper-size, stored in float16
@@ -131,26 +139,27 @@ def test_hub_download_path_on_a_loopback_endpoint(tmp_path):
         OTHER_ARCH_REVISION: _tampered_copy(tmp_path, name, _edit_config(architecture='attnconv_resnet20_cifar'),
                                             'config.json', 'other_arch'),
     }
+    uncached = next(other for other in PRETRAINED if other.split('.')[0] != name.split('.')[0])
     env = {k: v for k, v in os.environ.items() if not k.startswith('HF_')}
     with HubServer(HF_ORG, revisions) as hub:
         env.update(HF_ENDPOINT=hub.endpoint, HF_HUB_CACHE=str(tmp_path / 'cache'), HF_HUB_DISABLE_XET='1',
                    HF_HUB_DISABLE_TELEMETRY='1', HF_HUB_DISABLE_PROGRESS_BARS='1', HF_HUB_ETAG_TIMEOUT='5',
                    TIMM_ATTNCONV_WEIGHTS_DIR='', PYTHONPATH=os.pathsep.join([str(WEIGHTS.parent)] + sys.path))
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).with_name('hub_client.py')), name, str(WEIGHTS / name / WEIGHTS_FILE),
-             TAMPERED_REVISION, TAMPERED_CONFIG_REVISION, OTHER_ARCH_REVISION], env=env, capture_output=True, text=True,
-            timeout=300)
+        result = _hub_client(env, 'online', name, str(WEIGHTS / name / WEIGHTS_FILE), TAMPERED_REVISION,
+                             TAMPERED_CONFIG_REVISION, OTHER_ARCH_REVISION)
         requests = list(hub.requests)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+        # a second interpreter with the cache the first one filled, offline the way a user sets it: at import
+        offline = _hub_client(dict(env, HF_HUB_OFFLINE='1'), 'offline', name, str(WEIGHTS / name / WEIGHTS_FILE),
+                              uncached)
+        assert hub.requests == requests, 'HF_HUB_OFFLINE=1 and still a request reached the Hub'
     assert result['registry'] == 0 and result['hf_hub'] == 0, result
-    assert result['offline_cached'] == 0, result
     assert result['tampered'].startswith('ValueError') and 'sha256' in result['tampered']
     assert result['tampered_config'].startswith('ValueError') and 'config.json' in result['tampered_config']
     assert 'sha256' in result['tampered_config']
     assert result['other_arch'].startswith('ValueError') and "names architecture 'attnconv_resnet20_cifar'" in \
         result['other_arch'] and 'config.json' in result['other_arch']
-    assert result['offline_uncached'].startswith('RuntimeError') and 'HF_HUB_OFFLINE' in result['offline_uncached']
+    assert offline['cached'] == 0, offline
+    assert offline['uncached'].startswith('RuntimeError') and 'HF_HUB_OFFLINE' in offline['uncached'], offline
     resolve = f'/{HF_ORG}/{name}/resolve/'
     assert ('GET', f'{resolve}main/{WEIGHTS_FILE}') in requests
     assert ('GET', f'{resolve}main/config.json') in requests  # the hf-hub: form reads config.json first
