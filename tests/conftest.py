@@ -18,7 +18,16 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 def pytest_report_header(config):
-    return f'torch {torch.__version__}, timm {timm.__version__}'  # the versions a run checked, at the top of its log
+    """The versions a run checked, at the top of its log (``.ci/run --oldest`` pins every lower bound of setup.cfg)."""
+    from importlib import metadata
+    others = []
+    for name in ('torchvision', 'huggingface-hub', 'safetensors', 'numpy', 'matplotlib', 'fvcore', 'onnxscript',
+                 'onnx-ir', 'onnxruntime', 'hypothesis'):
+        try:
+            others.append(f'{name} {metadata.version(name)}')
+        except metadata.PackageNotFoundError:
+            others.append(f'{name} not installed')
+    return [f'torch {torch.__version__}, timm {timm.__version__}', ', '.join(others)]
 
 
 @pytest.fixture(autouse=True)
