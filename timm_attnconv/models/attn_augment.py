@@ -127,22 +127,25 @@ class CifarBlock(nn.Module):
         return F.pad(x, (0, 0, 0, 0, 0, self.extra_chs)) if self.extra_chs > 0 else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._rest(x, self.conv1(self._conv1_input(x)))
+        return self._conv2_residual(x, self._after_conv1(self.conv1(self._conv1_input(x))))
 
     def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The block inside an evolving-attention chain (its first conv an :class:`AAConv2d`)."""
         out, logits = self.conv1.forward_chain(self._conv1_input(x), prev)
-        return self._rest(x, out), logits
+        out = self._after_conv1(out)  # rebound: the first convolution's output is freed before conv2 runs
+        return self._conv2_residual(x, out), logits
 
     def _conv1_input(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.bn1(x)) if self.preact else x
 
-    def _rest(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        # `out` is rebound before conv2 runs, so that the first convolution's output is freed by then
+    # two steps, so that no caller holds the first convolution's output while conv2 runs (before Python 3.11 a
+    # caller keeps its call's arguments alive until the call returns)
+    def _after_conv1(self, out: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn2(out) if self.preact else self.bn1(out))
+
+    def _conv2_residual(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.preact:
-            out = F.relu(self.bn2(out))
             return self.conv2(self.drop(out)) + self.shortcut(x)
-        out = F.relu(self.bn1(out))
         return F.relu(self.bn2(self.conv2(self.drop(out))) + self.shortcut(x))
 
 
