@@ -10,8 +10,8 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from timm_attnconv.layers import (
-    AAConv2d, PositionalSelfAttention, attention_kernels, choose_kernel, flex_unsupported_reason, relative_attention,
-    relative_bias, relative_logits, set_attn_kernel)
+    AAConv2d, PositionalSelfAttention, attention_kernels, augmented_conv, choose_kernel, flex_unsupported_reason, relative_attention,
+    positional_attention, relative_bias, relative_logits, set_attn_kernel)
 from timm_attnconv.data import load_samples, normalize
 
 from .kernels import TOL
@@ -129,6 +129,55 @@ def test_compiled_flex_keeps_compiling_past_dynamos_recompile_limit(monkeypatch)
     finally:
         dynamo_log.removeHandler(handler)
     assert not [message for message in limit_hits if 'recompile_limit' in message]
+
+
+def _flex_fails_to_build(monkeypatch):
+    """FlexAttention's compiled kernel failing as Triton did on an H100 for 400-channel heads; the shapes it was
+    asked to compile."""
+    asked = []
+
+    def fails(q, *args, **kwargs):
+        asked.append(q.shape)
+        raise RuntimeError('No valid triton configs. OutOfMemoryError: out of resource: Required: 264192 '
+                           'Hardware limit: 232448')
+    monkeypatch.setattr(attention_kernels, '_compiled_flex_attention', lambda: fails)
+    monkeypatch.setattr(attention_kernels, '_FLEX_FAILURES', {})
+    return asked
+
+
+def test_a_flex_kernel_that_fails_to_build_runs_the_fallback_or_says_why(monkeypatch):
+    asked = _flex_fails_to_build(monkeypatch)
+    q, k, v, rows, cols = _inputs((3, 5))
+    with torch.no_grad():
+        for _ in range(2):
+            with pytest.warns(UserWarning, match="failed on cpu for q .*out of resource.*'auto' takes 'sdpa'"):
+                out = relative_attention(q, k, v, 0.3, 'flex', rows, cols, fallback='sdpa')
+            torch.testing.assert_close(out, _explicit(q, k, v, rows, cols, 0.3), **TOL)
+        assert len(asked) == 1  # a shape that failed is not compiled again
+        with pytest.raises(ValueError, match="'flex' cannot run here: .*out of resource.*Use attn_kernel='auto'"):
+            relative_attention(q, k, v, 0.3, 'flex', rows, cols)
+        with pytest.raises(ValueError, match='out of resource'):
+            relative_attention(*_inputs((4, 4))[:3], 0.3, 'flex')
+    assert len(asked) == 2  # another shape is tried
+
+
+@pytest.mark.parametrize('attn_kernel', ['auto', 'flex'])
+def test_layers_fall_back_from_a_flex_kernel_that_fails_to_build_under_auto_only(monkeypatch, attn_kernel):
+    _flex_fails_to_build(monkeypatch)
+    cases = _aa_and_content_layers()
+    with torch.no_grad():
+        refs = [set_attn_kernel(layer, 'explicit')(x) for layer, x in cases]
+    for module in (augmented_conv, positional_attention):  # FlexAttention, as 'auto' takes it on CUDA
+        monkeypatch.setattr(module, 'choose_kernel', lambda *args, **kwargs: 'flex')
+    for (layer, x), ref in zip(cases, refs):
+        with torch.no_grad():
+            set_attn_kernel(layer, attn_kernel)
+            if attn_kernel == 'flex':
+                with pytest.raises(ValueError, match="'flex' cannot run here: FlexAttention's compiled kernel failed"):
+                    layer(x)
+            else:
+                with pytest.warns(UserWarning, match="'auto' takes 'sdpa'"):
+                    torch.testing.assert_close(layer(x), ref, **TOL)
 
 
 @pytest.mark.cuda

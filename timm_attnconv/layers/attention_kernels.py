@@ -23,12 +23,16 @@ Kernels (:data:`ATTN_KERNELS`):
   full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. In a ``torch.compile``'d
   model the model's graph lowers it on CUDA; on CPU it runs as its own compiled kernel there too (a graph break). It
   cannot run on every input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced
-  ``'flex'`` raises.
+  ``'flex'`` raises. Nor does its compiled kernel build for every shape on every GPU (Triton's shared memory: an H100
+  could not fit the 400-channel heads of ``sa_learned_content_cifar``); such a shape is remembered, and
+  :func:`relative_attention` runs its ``fallback`` kernel there (the layers: SDPA under ``'auto'``) with a warning,
+  or raises without one.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
   fastest there); the explicit maps under tracing and ONNX export.
 """
 import functools
-from typing import Callable, Optional
+import warnings
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -37,8 +41,8 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from .attention_interface import AttentionLayer
 
-__all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'check_attn_kernel', 'relative_bias', 'relative_logits',
-           'relative_attention', 'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
+__all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
+           'relative_logits', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -48,6 +52,14 @@ FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Dynamo's own limit (recompile_limit, 8) counts every shape, grad mode and dtype of the one flex_attention function:
 # aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at two batch sizes already passes 8.
 FLEX_RECOMPILE_LIMIT = 64
+
+
+class FlexKernelError(RuntimeError):
+    """FlexAttention's compiled kernel failed for these inputs (the GPU's resources, a dynamo or inductor failure)."""
+
+
+# the shapes whose compiled kernel failed, and why: each attempt costs a compilation, so none is made twice
+_FLEX_FAILURES: Dict[Tuple, str] = {}
 
 
 def check_attn_kernel(kernel: str) -> str:
@@ -103,15 +115,17 @@ def relative_attention(
         cols: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
         dropout_p: float = 0.,
+        fallback: Optional[str] = None,
 ) -> torch.Tensor:
     """``softmax(logits) v`` ``(B, h, N, d_v)`` through the fused kernel ``'sdpa'`` or ``'flex'``.
 
     ``logits`` as in :func:`relative_logits`. The explicit kernel is the caller's: it passes its maps through its
     ``logits_tap`` and its dropout module. ``kernel='flex'`` takes the axis terms only (see
-    :func:`flex_unsupported_reason`).
+    :func:`flex_unsupported_reason`); where its compiled kernel fails, ``'sdpa'`` as ``fallback`` runs instead (the
+    same maths), and without a ``fallback`` a ``ValueError`` says why.
     """
     if kernel == 'flex' and not torch.jit.is_scripting():
-        return _flex_relative_attention(q, k, v, scale, rows, cols)
+        return _flex_or_fallback(q, k, v, scale, rows, cols, fallback)
     if kernel != 'sdpa':
         raise ValueError(f"relative_attention runs the fused kernels 'sdpa' and 'flex', got '{kernel}'")
     if bias is None and rows is not None and cols is not None:
@@ -148,6 +162,20 @@ def _axis_score_mod(rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], 
     return add_axis_terms
 
 
+def _flex_or_fallback(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+        rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], fallback: Optional[str],
+) -> torch.Tensor:
+    try:
+        return _flex_relative_attention(q, k, v, scale, rows, cols)
+    except FlexKernelError as error:
+        if fallback is None:
+            raise ValueError(f"attn_kernel='flex' cannot run here: {error}. Use attn_kernel='auto' (it takes SDPA "
+                             f"there, with the same results), 'sdpa' or 'explicit'.") from error
+        warnings.warn(f"{error}; attn_kernel='auto' takes '{fallback}' there (the same results)", stacklevel=3)
+    return relative_attention(q, k, v, scale, fallback, rows, cols)
+
+
 def _flex_relative_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         rows: Optional[torch.Tensor], cols: Optional[torch.Tensor],
@@ -173,10 +201,23 @@ def _flex_compiled_alone(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         rows: Optional[torch.Tensor], cols: Optional[torch.Tensor],
 ) -> torch.Tensor:
+    backward = torch.is_grad_enabled() and q.requires_grad
+    signature = (q.device, q.dtype, backward, q.shape, k.shape, v.shape, None if rows is None else rows.shape)
+    if signature in _FLEX_FAILURES:
+        raise FlexKernelError(_FLEX_FAILURES[signature])
     # past dynamo's recompile limit the kernel would silently run unfused: every score in memory, at eager speed
     limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-    with torch._dynamo.config.patch(recompile_limit=limit):
-        return _compiled_flex_attention()(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]), scale=scale)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return _compiled_flex_attention()(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]),
+                                              scale=scale)
+    except torch.OutOfMemoryError:
+        raise  # the device is full, which no other kernel mends
+    except (RuntimeError, TypeError) as error:  # InductorError (Triton: out of resource), dynamo's failures
+        cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else ''
+        _FLEX_FAILURES[signature] = (f"FlexAttention's compiled kernel failed on {q.device.type} for q "
+                                     f"{list(q.shape)}, v {list(v.shape)} {q.dtype} ({type(error).__name__}: {cause})")
+        raise FlexKernelError(_FLEX_FAILURES[signature]) from error
 
 
 def flex_unsupported_reason(
