@@ -62,17 +62,20 @@ def test_theorem1_heads_are_perfectly_conv_like():
 def test_prune_degenerate_heads_removes_only_their_contribution():
     model = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
     with torch.no_grad():
-        model.blocks[0].attn.pos.spreads[1] = torch.tensor([[1e-4, 0.], [0., 1.]])   # λ_min(SᵀS) = 1e-8
-        model.blocks[1].attn.pos.spreads[3] = torch.tensor([[1., 0.], [0., 1e-2]])   # cond = 1e4: kept
-    assert degenerate_heads(model.blocks[0].attn.pos) == [1] and degenerate_heads(model.blocks[1].attn.pos) == []
+        model.blocks[0].attn.pos.spreads[1] = torch.tensor([[1., 0.], [0., 3e-2]])   # cond(SᵀS) ≈ 1.1e3
+        model.blocks[1].attn.pos.spreads[2] = torch.tensor([[3e-3, 0.], [0., 2e-3]])  # λ_max(SᵀS) = 9e-6
+        model.blocks[1].attn.pos.spreads[3] = torch.tensor([[1., 0.], [0., 3.5e-2]])  # cond ≈ 8.2e2: kept
+    assert degenerate_heads(model.blocks[0].attn.pos) == [1] and degenerate_heads(model.blocks[1].attn.pos) == [2]
+    assert degenerate_heads(model.blocks[1].attn.pos, max_cond=500) == [2, 3]
     x = torch.randn(2, 3, 32, 32)
     reference = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
     reference.load_state_dict(model.state_dict())
     with torch.no_grad():
-        reference.blocks[0].attn.proj_heads.weight[:, 16:32] = 0  # head 1's value map removed by hand
+        reference.blocks[0].attn.proj_heads.weight[:, 16:32] = 0  # the value maps of the two heads removed by hand
+        reference.blocks[1].attn.proj_heads.weight[:, 32:48] = 0
         expected = reference(x)
         counts = prune_degenerate_heads(model)
-        assert counts == (3, 4)
+        assert counts == (3, 3)
         torch.testing.assert_close(model(x), expected)
     rebuilt = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=counts)
     rebuilt.load_state_dict(model.state_dict())

@@ -99,22 +99,24 @@ def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
     return '\n'.join([header, '|' + '---|' * (heads + 1)] + rows)
 
 
-def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e5) -> List[int]:
-    """Heads of a quadratic layer whose Gaussian has degenerated (the original code's ``find_degenerated_heads``).
+def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e3) -> List[int]:
+    """Heads of a quadratic layer whose Gaussian has degenerated, by the criterion of the code behind Cordonnier et
+    al. (2020, §4.1: the pruned model of Table 1; its ``find_degenerated_heads``) with its thresholds as defaults.
 
-    Isotropic: ``σ² < min_eig`` (attention spread over the whole image). Generalized: the smallest eigenvalue of
-    ``SᵀS`` (the original's ``Σ⁻¹`` for this test) below ``min_eig``, or its condition number above ``max_cond``.
+    Isotropic: ``Σ⁻¹ = σ² I`` with ``σ² < min_eig`` (attention spread over the whole image). Generalized, with ``SᵀS``
+    as that code's ``Σ⁻¹`` for this test: its largest eigenvalue below ``min_eig`` (spread everywhere) or its
+    condition number above ``max_cond`` (attention along a line).
     """
     if scores.isotropic:
         return [h for h, s in enumerate(scores.spreads.detach().pow(2).tolist()) if s < min_eig]
     s = scores.spreads.detach()
     eig = torch.linalg.eigvalsh(s.transpose(-1, -2) @ s)  # ascending, real: SᵀS is symmetric
     cond = eig[:, 1] / eig[:, 0].clamp_min(torch.finfo(eig.dtype).tiny)
-    return [h for h in range(s.shape[0]) if eig[h, 0] < min_eig or cond[h] > max_cond]
+    return [h for h in range(s.shape[0]) if eig[h, 1] < min_eig or cond[h] > max_cond]
 
 
 @torch.no_grad()
-def prune_degenerate_heads(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e5,
+def prune_degenerate_heads(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
                            heads: Optional[Dict[int, List[int]]] = None) -> Tuple[int, ...]:
     """Remove degenerate quadratic heads from every SA layer of ``model``, in place; return heads per layer.
 
@@ -155,7 +157,7 @@ def _keep_heads(layer: PositionalSelfAttention, keep: List[int]) -> None:
     layer.num_heads = len(keep)
 
 
-def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e5) -> Dict[str, Any]:
+def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3) -> Dict[str, Any]:
     """:func:`prune_degenerate_heads` on ``model`` (in place), with heads per layer, params and MACs (fvcore, one
     image at the cfg's size) before and after."""
     from .flops import count_macs

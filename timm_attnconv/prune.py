@@ -2,7 +2,7 @@
 params and MACs before and after.
 
     python -m timm_attnconv.prune --model sa_quadratic_tiny_cifar --pretrained --out pruned.safetensors
-    python -m timm_attnconv.prune --model sa_quadratic_gen_cifar --checkpoint RUN/last.pth.tar --min-eig 1e-4
+    python -m timm_attnconv.prune --model sa_quadratic_gen_cifar --checkpoint RUN/last.pth.tar --max-cond 1e4
 
 The pruned weights load into ``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
 """
@@ -19,8 +19,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     cli.add_model_args(parser)
     parser.add_argument('--min-eig', type=cli.non_negative_float, default=1e-5,
-                        help='prune a head whose smallest covariance eigenvalue is below this')
-    parser.add_argument('--max-cond', type=cli.positive_float, default=1e5,
+                        help="prune a head whose inverse covariance's largest eigenvalue is below this")
+    parser.add_argument('--max-cond', type=cli.positive_float, default=1e3,
                         help='prune a generalized head whose covariance condition number is above this')
     parser.add_argument('--out', default=None, help='write the pruned weights here (safetensors)')
     parser.add_argument('--json', default=None, help='also write the report to this file')
