@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 
+import pytest
 import torch
 
 from timm_attnconv.runs import read_checkpoint
@@ -29,9 +30,20 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     assert started.startswith('started sa_learned_cifar (pid ')
     status = kit('status.sh', '300', env=env)  # returns once the run is done
     assert '== sa_learned_cifar: not running' in status and 'epoch=1 ' in status and 'ema_test_top1=' in status
-    assert 'every part is out' in kit('collect.sh', 'sa_learned_cifar', env=env)
+    # files the call already returns count against its 8: 5 others leave room for the 3 small files and no part
+    first_call, second_call = tmp_path / 'out', tmp_path / 'out2'
+    first_call.mkdir()
+    for i in range(5):
+        (first_call / f'other{i}.txt').write_text('x')
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        kit('collect.sh', 'sa_learned_cifar', env=env)
+    assert 'no part of 15728640 bytes fits this call' in failed.value.stderr
+    (first_call / 'other4.txt').unlink()
+    assert kit('collect.sh', 'sa_learned_cifar', env=env).endswith('next call: --start 1\n')
+    assert 'every part is out' in kit('collect.sh', 'sa_learned_cifar', '1', env=dict(env, OUT=str(second_call)))
 
-    transfer_main(['join', str(tmp_path / 'joined'), str(tmp_path / 'out' / 'sa_learned_cifar')])
+    transfer_main(['join', str(tmp_path / 'joined'), str(first_call / 'sa_learned_cifar'),
+                   str(second_call / 'sa_learned_cifar')])
     run = _read_run(str(tmp_path / 'joined'))
     state = read_checkpoint(str(tmp_path / 'runs' / 'sa_learned_cifar' / 'last.pth.tar'))
     config = run['config']

@@ -78,7 +78,8 @@ def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BY
         written.append(_part_name(name, i))
         files_left, bytes_left, index = files_left - 1, bytes_left - len(data), index + 1
     if index == start:
-        raise ValueError(f'a part of {part_bytes} bytes does not fit one call beside the small files; lower the '
+        raise ValueError(f'no part of {part_bytes} bytes fits this call beside the small files ({max_files} files, '
+                         f'{max_bytes} bytes left to it): collect in a call that returns nothing else, or lower the '
                          f'part size')
     return dict(parts=len(parts), written=written, next=index if index < len(parts) else None)
 
@@ -139,12 +140,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     out.add_argument('out', help='folder to write into, e.g. $OUT/<run name>')
     out.add_argument('--start', type=cli.non_negative_int, default=0,
                      help='first part to write (the previous call prints it)')
+    out.add_argument('--max-files', type=cli.positive_int, default=CALL_FILES,
+                     help=f'files this call may still return (default {CALL_FILES}: less what else it returns)')
+    out.add_argument('--max-bytes', type=cli.positive_int, default=CALL_BYTES,
+                     help=f'bytes this call may still return (default {CALL_BYTES})')
     back = commands.add_parser('join', help='join the parts of every call into a run folder')
     back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors, config.json, log.jsonl)')
     back.add_argument('parts', nargs='+', help='the folders the export calls wrote, one per call')
     args = parser.parse_args(argv)
     if args.command == 'export':
-        result = export(args.run, args.out, args.start)
+        result = export(args.run, args.out, args.start, max_files=args.max_files, max_bytes=args.max_bytes)
         print(f"wrote {', '.join(result['written'])} ({result['parts']} parts in all); " + (
             'every part is out' if result['next'] is None else f"next call: --start {result['next']}"))
     else:

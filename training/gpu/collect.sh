@@ -7,5 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 name=${1:?usage: collect.sh NAME [START]}; runs=${RUNS:-/tmp/runs}
-python3 -m timm_attnconv.transfer export "$runs/$name" "${OUT:?OUT is unset: run this through the device tool}/$name" \
-  --start "${2:-0}"
+out=${OUT:?OUT is unset: run this through the device tool}
+# what the call already returns (a log, another run's parts) counts against its 8 files and 64 MiB
+mkdir -p "$out"
+read -r files bytes < <(find "$out" -type f -not -path "$out/$name/*" -printf '%s\n' |
+                        awk '{n++; s += $1} END {print 8 - n, 64 * 1048576 - s}')
+[ "$files" -gt 0 ] && [ "$bytes" -gt 0 ] ||
+  { echo "\$OUT already holds 8 files or 64 MiB: collect $name in a call of its own" >&2; exit 1; }
+python3 -m timm_attnconv.transfer export "$runs/$name" "$out/$name" --start "${2:-0}" --max-files "$files" \
+  --max-bytes "$bytes"
