@@ -3,6 +3,7 @@ it with status, collect its parts as the device tool would return them, and join
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -77,6 +78,18 @@ def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
     assert started.startswith('cuda checks started (pid ')
     status = kit('status.sh', '300', env=env)  # returns once the checks are done
     assert '== cuda checks: done' in status and '1 passed' in status and 'failed' not in status
+
+
+def test_op_profile_prints_each_models_time_and_top_ops():
+    command = [sys.executable, os.path.join(KIT, 'op_profile.py'), '--device', 'cpu', '--amp', 'none',
+               '--batch-size', '1', '--warmup', '1', '--steps', '1', '--top', '3', 'aa_resnet20_cifar',
+               'resnet18:{"num_classes": 10}']
+    env = dict(os.environ, PYTHONPATH=os.path.join(KIT, '..', '..'), OMP_NUM_THREADS='1')
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    assert '== aa_resnet20_cifar, 32 px, batch 1, none, compile off: ' in out
+    assert '== resnet18 {"num_classes": 10}, 224 px, batch 1' in out
+    sections = out.split('== ')[1:]
+    assert len(sections) == 2 and all('Self CPU time total' in t and t.count('aten::') == 3 for t in sections)
 
 
 def test_prepare_and_receive_cifar10(tmp_path):

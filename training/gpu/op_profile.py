@@ -1,0 +1,75 @@
+"""Where a model's inference time goes, op by op: the profile to read before optimising the models that miss issue
+18's GPU targets (AA-ResNet-50 against ResNet-50, the EA models against their bases).
+
+    PYTHONPATH=. python3 training/gpu/op_profile.py aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ...
+
+Each MODEL[:JSON kwargs] at its default input size, in eval mode, under --amp autocast (default bf16), optionally
+compiled, is warmed up and then profiled over --steps forward passes with torch.profiler; printed: its time per
+image and the --top ops by self time on the device (the CPU when --device cpu). Run it on an idle GPU.
+"""
+import argparse
+import json
+import time
+
+import timm
+import torch
+
+import timm_attnconv  # noqa: F401  (registers the models)
+from timm_attnconv.constants import AMP_DTYPES
+
+
+def _model_and_kwargs(text):
+    name, _, kwargs = text.partition(':')
+    return name, json.loads(kwargs) if kwargs else {}
+
+
+def profile(name, kwargs, args):
+    device = torch.device(args.device)
+    model = timm.create_model(name, **kwargs).eval().to(device)
+    size = model.pretrained_cfg['input_size']
+    x = torch.randn(args.batch_size, *size, device=device)
+    forward = torch.compile(model) if args.compile else model
+    dtype = AMP_DTYPES[args.amp]
+
+    def run():
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            forward(x)
+    for _ in range(args.warmup):
+        run()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == 'cuda':
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            run()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+    per_image_us = (time.perf_counter() - start) / (args.steps * args.batch_size) * 1e6
+    sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
+    label = f'{name} {json.dumps(kwargs)}' if kwargs else name
+    print(f"== {label}, {size[1]} px, batch {args.batch_size}, "
+          f"{args.amp}, compile {'on' if args.compile else 'off'}: {per_image_us:.1f} µs/image while profiled")
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=args.top), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('models', nargs='+', type=_model_and_kwargs, metavar='MODEL[:JSON]')
+    parser.add_argument('--device', default='cuda')
+    parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='bf16')
+    parser.add_argument('--compile', action='store_true')
+    parser.add_argument('--batch-size', type=int, default=128)
+    parser.add_argument('--warmup', type=int, default=5)
+    parser.add_argument('--steps', type=int, default=5)
+    parser.add_argument('--top', type=int, default=25)
+    args = parser.parse_args()
+    print(f'torch {torch.__version__}, timm {timm.__version__}, '
+          f'{torch.cuda.get_device_name() if args.device == "cuda" else args.device}')
+    for name, kwargs in args.models:
+        profile(name, kwargs, args)
+
+
+if __name__ == '__main__':
+    main()
