@@ -10,8 +10,8 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from timm_attnconv.layers import (
-    AAConv2d, PositionalSelfAttention, attention_kernels, augmented_conv, choose_kernel, flex_unsupported_reason, relative_attention,
-    positional_attention, relative_bias, relative_logits, set_attn_kernel)
+    AAConv2d, PositionalSelfAttention, attention_kernels, augmented_conv, choose_kernel, flex_unsupported_reason,
+    positional_attention, relative_attention, relative_bias, relative_logits, set_attn_kernel)
 from timm_attnconv.data import load_samples, normalize
 
 from .kernels import TOL
