@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from timm_attnconv.pretrained import sha256_file
-from timm_attnconv.stage import main as stage_main, training_command, warm_start_sentence
+from timm_attnconv.stage import main as stage_main, paper_top1, training_command, warm_start_sentence
 from timm_attnconv.train import main as train_main
 
 from .conftest import SYNTHETIC_TRAIN_IMAGES
@@ -149,3 +149,12 @@ def test_the_card_says_what_a_warm_start_started_from():
     assert 'content term initialised near zero' in content
     pruned = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors')
     assert '`/tmp/runs/pruned.safetensors`' in pruned and '`pruned.safetensors`' in pruned
+
+
+@pytest.mark.parametrize('arch, expected', [
+    ('sa_quadratic_cifar', 93.8), ('sa_quadratic_tiny_cifar', 93.8), ('sa_quadratic_gen_cifar', 93.4),
+    ('sa_quadratic_gen_pruned_cifar', 93.4), ('sa_quadratic_16h_cifar', None), ('sa_learned_cifar', 91.8),
+    ('sa_learned_content_tiny_cifar', 87.1), ('aa_resnet20_cifar', None)])
+def test_each_card_compares_with_its_own_row_of_table_1(arch, expected):
+    row = paper_top1(arch)
+    assert (row and row[1]) == expected

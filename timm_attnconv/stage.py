@@ -38,9 +38,13 @@ __all__ = ['stage', 'training_command', 'plot_training_curves', 'main']
 MAX_TOP1_CHANGE = 0.05
 MIN_AGREEMENT = 0.999
 STORAGE_DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
-# Cordonnier et al. 2020, Table 1: CIFAR-10 test accuracy of the paper-size models (300 epochs, SGD, on GPUs)
+# Cordonnier et al. 2020, Table 1: CIFAR-10 test accuracy of the paper-size models (300 epochs, SGD, on GPUs), by the
+# longest prefix of the architecture's name; None: not in Table 1 (the 16-head model is appendix F's)
 PAPER_TOP1 = {
     'sa_quadratic': ('SA quadratic emb. (12.1M params)', 93.8),
+    'sa_quadratic_gen': ('SA quadratic emb. generalized (12.1M params)', 93.4),
+    'sa_quadratic_gen_pruned': ('SA quadratic emb. generalized, pruned (9.7M params)', 93.4),
+    'sa_quadratic_16h': None,
     'sa_learned': ('SA learned emb. (12.3M params)', 91.8),
     'sa_learned_content': ('SA learned emb. + content-based att. (29.5M params)', 87.1),
 }
@@ -69,6 +73,11 @@ PAPERS = {
   year={2021}
 }"""),
 }
+
+
+def paper_top1(arch: str) -> Optional[Tuple[str, float]]:
+    """Table 1's name and CIFAR-10 top-1 for ``arch`` (its paper-size model's, for a compact twin), or ``None``."""
+    return next((PAPER_TOP1[k] for k in sorted(PAPER_TOP1, key=len, reverse=True) if arch.startswith(k + '_')), None)
 
 
 def _papers(cfg: Dict[str, Any]) -> List[str]:
@@ -155,7 +164,7 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
                        dataset_split='test', metric_type='accuracy', metric_name=f'top-{k} accuracy',
                        metric_value=round(metrics[f'top{k}'], 2))
             for k in (1, 5)])
-    family = next((PAPER_TOP1[k] for k in sorted(PAPER_TOP1, key=len, reverse=True) if arch.startswith(k)), None)
+    family = paper_top1(arch)
     comparison = '| model | CIFAR-10 test top-1 | params |\n|---|---|---|\n'
     comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs{run['data']} on {run['hardware']}) | " \
                   f"{metrics['top1']:.2f}% | {report['params'] / 1e6:.3f}M |\n"

@@ -439,7 +439,10 @@ default_cfgs = generate_default_cfgs({
         hf_hub_id=hub_id('sa_quadratic_cifar.c10'),
         notes=('Table 1 "SA quadratic emb.": 12.1M params, 6.2B FLOPs',
                'trained here: 90 of 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
-    'sa_quadratic_gen_cifar': _cfg(notes=('Table 1 "SA quadratic emb. generalized": 12.1M params',)),
+    'sa_quadratic_gen_cifar.c10': _cfg(
+        hf_hub_id=hub_id('sa_quadratic_gen_cifar.c10'),
+        notes=('Table 1 "SA quadratic emb. generalized": 12.1M params',
+               'trained here: 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
     'sa_quadratic_gen_pruned_cifar': _cfg(notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',)),
     'sa_quadratic_16h_cifar': _cfg(notes=('Appendix F: 16 isotropic heads, 18.8M params',)),
     'sa_learned_cifar.c10': _cfg(
