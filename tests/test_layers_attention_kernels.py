@@ -151,7 +151,7 @@ def test_a_flex_kernel_that_fails_to_build_runs_the_fallback_or_says_why(monkeyp
     with torch.no_grad():
         for _ in range(2):
             with pytest.warns(UserWarning, match="failed on cpu for q .*out of resource.*'auto' takes 'sdpa'"):
-                out = relative_attention(q, k, v, 0.3, 'flex', rows, cols, fallback='sdpa')
+                out = relative_attention(q, k, v, 0.3, 'flex', rows, cols, requested='auto')
             torch.testing.assert_close(out, _explicit(q, k, v, rows, cols, 0.3), **TOL)
         assert len(asked) == 1  # a shape that failed is not compiled again
         with pytest.raises(ValueError, match="'flex' cannot run here: .*out of resource.*Use attn_kernel='auto'"):

@@ -53,7 +53,7 @@ from .data import default_data_dir, load_cifar10, normalize
 from .layers import ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path
 
 __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_kernels', 'training_throughput', 'measure',
-           'warm_up', 'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
+           'warm_up', 'seconds_of', 'inference_call', 'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
@@ -180,7 +180,8 @@ def _prepared(model: nn.Module, compile_model: bool) -> nn.Module:
     return torch.compile(model) if compile_model else model
 
 
-def _inference(model: nn.Module, x: torch.Tensor, amp: Optional[torch.dtype]) -> Callable[[], torch.Tensor]:
+def inference_call(model: nn.Module, x: torch.Tensor, amp: Optional[torch.dtype]) -> Callable[[], torch.Tensor]:
+    """``model(x)`` as a call of no arguments: no autograd, under ``amp`` autocast (``None``: none)."""
     def forward() -> torch.Tensor:
         with torch.no_grad(), torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
             return model(x)
@@ -215,7 +216,7 @@ def compare_paths(
     fast = reparameterize_model(fast, inplace=True)
     position_buffers = sum(b.numel() * b.element_size() for b in fast.buffers())
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    sides = [_inference(_prepared(m, compile_model), x, amp) for m in (original, fast)]
+    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in (original, fast)]
     ref, new = (_first_call(side, dev) for side in sides)
     timing = measure(sides, iters, dev, max_warmup)
     original_s, fast_s = (statistics.median(t) for t in timing['seconds'])
@@ -250,7 +251,7 @@ def compare_attn_paths(
         model.load_state_dict(reference.state_dict())
         set_attn_path(model, path)
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    sides = [_inference(_prepared(m, compile_model), x, amp) for m in models]
+    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in models]
     firsts = [_first_call(side, dev) for side in sides]
     timing = measure(sides, iters, dev, max_warmup)
     dense_s = timing['seconds'][0]
@@ -278,7 +279,7 @@ def compare_models(
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
     models = [cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev)
               for model_name, kwargs in ((name, {}), (baseline, baseline_kwargs or {}))]
-    sides = [_inference(_prepared(m, compile_model), x, amp) for m in models]
+    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in models]
     model_row, baseline_row = (_first_call(side, dev) for side in sides)
     timing = measure(sides, iters, dev, max_warmup)
     model_s, baseline_s = (statistics.median(t) for t in timing['seconds'])
@@ -311,7 +312,7 @@ def compare_kernels(
     x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
     rows, sides, firsts = [], [], []
     for kernel in kernels:
-        side = _inference(_prepared(set_attn_kernel(copy.deepcopy(model), kernel), compile_model), x, amp)
+        side = inference_call(_prepared(set_attn_kernel(copy.deepcopy(model), kernel), compile_model), x, amp)
         row = dict(name=name, img_size=img_size, batch=batch_size, kernel=kernel, reps=iters)
         try:
             firsts.append(_first_call(side, dev))

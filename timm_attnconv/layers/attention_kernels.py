@@ -25,8 +25,7 @@ Kernels (:data:`ATTN_KERNELS`):
   cannot run on every input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced
   ``'flex'`` raises. Nor does its compiled kernel build for every shape on every GPU (Triton's shared memory: an H100
   could not fit the 400-channel heads of ``sa_learned_content_cifar``); such a shape is remembered, and
-  :func:`relative_attention` runs its ``fallback`` kernel there (the layers: SDPA under ``'auto'``) with a warning,
-  or raises without one.
+  :func:`relative_attention` runs SDPA there with a warning when the layer asked for ``'auto'``, or raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
   fastest there); the explicit maps under tracing and ONNX export.
 """
@@ -115,17 +114,17 @@ def relative_attention(
         cols: Optional[torch.Tensor] = None,
         bias: Optional[torch.Tensor] = None,
         dropout_p: float = 0.,
-        fallback: Optional[str] = None,
+        requested: Optional[str] = None,
 ) -> torch.Tensor:
     """``softmax(logits) v`` ``(B, h, N, d_v)`` through the fused kernel ``'sdpa'`` or ``'flex'``.
 
     ``logits`` as in :func:`relative_logits`. The explicit kernel is the caller's: it passes its maps through its
     ``logits_tap`` and its dropout module. ``kernel='flex'`` takes the axis terms only (see
-    :func:`flex_unsupported_reason`); where its compiled kernel fails, ``'sdpa'`` as ``fallback`` runs instead (the
-    same maths), and without a ``fallback`` a ``ValueError`` says why.
+    :func:`flex_unsupported_reason`); where its compiled kernel fails, SDPA runs instead (the same maths) if the
+    layer's ``requested`` kernel was ``'auto'``, and otherwise a ``ValueError`` says why.
     """
     if kernel == 'flex' and not torch.jit.is_scripting():
-        return _flex_or_fallback(q, k, v, scale, rows, cols, fallback)
+        return _flex_or_fallback(q, k, v, scale, rows, cols, 'sdpa' if requested == 'auto' else None)
     if kernel != 'sdpa':
         raise ValueError(f"relative_attention runs the fused kernels 'sdpa' and 'flex', got '{kernel}'")
     if bias is None and rows is not None and cols is not None:

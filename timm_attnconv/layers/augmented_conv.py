@@ -188,9 +188,8 @@ class AAConv2d(AttentionLayer):
             kernel = self._kernel(q, k, v, rows)
         if kernel == 'explicit':
             return self.logits_tap(relative_logits(q, k, 1.0, rows, cols)).softmax(dim=-1) @ v
-        # q is scaled, the relative logits with it; under 'auto', SDPA where FlexAttention's kernel fails to build
-        fallback = 'sdpa' if self.attn_kernel == 'auto' else None
-        return relative_attention(q, k, v, 1.0, kernel, rows, cols, fallback=fallback)
+        # q is scaled, the relative logits with it
+        return relative_attention(q, k, v, 1.0, kernel, rows, cols, requested=self.attn_kernel)
 
     def _kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Optional[torch.Tensor]) -> str:
         if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):

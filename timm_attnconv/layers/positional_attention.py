@@ -279,8 +279,8 @@ class PositionalSelfAttention(AttentionLayer):
                 probs = self.logits_tap(relative_logits(q, k, self.scale, rows, cols, bias)).softmax(dim=-1)
                 out = self.attn_drop(probs) @ values
             else:
-                fallback = 'sdpa' if self.attn_kernel == 'auto' else None  # where FlexAttention fails to build
-                out = relative_attention(q, k, values, self.scale, kernel, rows, cols, bias, dropout_p, fallback)
+                out = relative_attention(q, k, values, self.scale, kernel, rows, cols, bias, dropout_p,
+                                         self.attn_kernel)
             out = out.transpose(1, 2)
         return self.proj_heads(out.reshape(batch, height, width, self.num_heads * dim))
 

@@ -4,17 +4,17 @@
     PYTHONPATH=. python3 training/gpu/op_profile.py aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ...
 
 Each MODEL[:JSON kwargs] at its default input size, in eval mode, under --amp autocast (default bf16), optionally
-compiled, is warmed up and then profiled over --steps forward passes with torch.profiler; printed: its time per
-image and the --top ops by self time on the device (the CPU when --device cpu). Run it on an idle GPU.
+compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over --steps forward passes
+with torch.profiler; printed: its time per image and the --top ops by self time on the device (the CPU when --device
+cpu). Run it on an idle GPU.
 """
 import argparse
 import json
-import time
 
 import timm
 import torch
 
-import timm_attnconv  # noqa: F401  (registers the models)
+from timm_attnconv.benchmark import MAX_WARMUP, inference_call, seconds_of, warm_up  # registers the models too
 from timm_attnconv.constants import AMP_DTYPES
 
 
@@ -28,25 +28,14 @@ def profile(name, kwargs, args):
     model = timm.create_model(name, **kwargs).eval().to(device)
     size = model.pretrained_cfg['input_size']
     x = torch.randn(args.batch_size, *size, device=device)
-    forward = torch.compile(model) if args.compile else model
-    dtype = AMP_DTYPES[args.amp]
-
-    def run():
-        with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            forward(x)
-    for _ in range(args.warmup):
-        run()
+    run = inference_call(torch.compile(model) if args.compile else model, x, AMP_DTYPES[args.amp])
+    warm_up(run, device, max_runs=args.max_warmup)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == 'cuda':
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-        torch.cuda.synchronize()
-    start = time.perf_counter()
     with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(args.steps):
-            run()
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-    per_image_us = (time.perf_counter() - start) / (args.steps * args.batch_size) * 1e6
+        seconds = seconds_of(lambda: [run() for _ in range(args.steps)], device)
+    per_image_us = seconds / (args.steps * args.batch_size) * 1e6
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     label = f'{name} {json.dumps(kwargs)}' if kwargs else name
     print(f"== {label}, {size[1]} px, batch {args.batch_size}, "
@@ -61,7 +50,7 @@ def main():
     parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='bf16')
     parser.add_argument('--compile', action='store_true')
     parser.add_argument('--batch-size', type=int, default=128)
-    parser.add_argument('--warmup', type=int, default=5)
+    parser.add_argument('--max-warmup', type=int, default=MAX_WARMUP, help='warm-up runs at most (until two timings agree)')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
     args = parser.parse_args()
