@@ -215,6 +215,14 @@ def test_a_later_device_overrides_one_this_machine_lacks():
     assert args.device == 'cpu'
 
 
+@pytest.mark.parametrize('device, autotuned', [('cpu', False), ('cuda', True), ('cuda:1', True)])
+def test_cudnn_times_its_algorithms_on_cuda_only(monkeypatch, device, autotuned):
+    # the flag can be set without a GPU; what it changes (cuDNN's choice per convolution shape) needs one
+    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', False)
+    cli.tune_for_device(device)
+    assert torch.backends.cudnn.benchmark is autotuned
+
+
 def test_every_tool_runs_its_main_through_the_runner():
     # `run` hands a script's own errors through (its main reports its argument errors itself)
     for tool in _tools():

@@ -109,6 +109,32 @@ def test_flex_without_terms_is_plain_attention(eager_flex):
                                    ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
 
 
+def test_heads_wider_than_triton_fits_take_one_pipeline_stage_on_cuda(eager_flex):
+    # the H100 failure of 400-channel heads: 3 stages of 512-wide (padded) key/value blocks overflowed shared memory
+    wide = attention_kernels.FLEX_WIDE_HEAD_DIM + 1
+    assert attention_kernels._flex_kernel_options('cuda', 400) == {'fwd_num_stages': 1}
+    assert attention_kernels._flex_kernel_options('cuda', attention_kernels.FLEX_WIDE_HEAD_DIM) is None
+    assert attention_kernels._flex_kernel_options('cpu', 400) is None
+    # the option's name is one this torch's FlexAttention takes, and it changes no number
+    q, k, v, rows, cols = _inputs((3, 4), dim=wide, value_dim=wide)
+    with torch.no_grad():
+        out = attention_kernels._flex_compiled_alone(q, k, v, 0.3, rows, cols,
+                                                     attention_kernels._flex_kernel_options('cuda', wide))
+        torch.testing.assert_close(out, _explicit(q, k, v, rows, cols, 0.3), **TOL)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16, torch.float32])
+def test_probabilities_stay_in_the_logits_dtype_one_rounding_from_fp32(dtype):
+    logits = (torch.randn(2, 6, 197, 197) * 4).to(dtype)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        probs = attention_kernels.attention_probs(logits)
+    assert probs.dtype == dtype
+    rounded_fp32 = logits.float().softmax(dim=-1).to(dtype)
+    step = torch.finfo(dtype).eps  # one rounding step (relative) of the dtype
+    torch.testing.assert_close(probs.float(), rounded_fp32.float(), rtol=step, atol=step * 1e-3)
+    assert (probs != rounded_fp32).float().mean() < 1e-3
+
+
 def test_compiled_flex_keeps_compiling_past_dynamos_recompile_limit(monkeypatch):
     # Dynamo compiles flex_attention once per shape and, past recompile_limit (8) shapes of the one function, runs it
     # unfused (every score in memory) with one log line; the kernel raises the limit for itself. A cheap backend

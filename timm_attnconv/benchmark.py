@@ -412,7 +412,9 @@ def _optional_model(text: str) -> str:
 def _header(what: str, args: argparse.Namespace) -> str:
     """The conditions a table was measured under, printed above it: its numbers mean little without them."""
     precision = 'fp32' if args.amp == 'none' else f'{args.amp} autocast'
-    return (f"{what}, device {args.device}, {torch.get_num_threads()} threads, {precision}, "
+    autotuned = ' (cuDNN autotuned)' if torch.device(args.device).type == 'cuda' and torch.backends.cudnn.benchmark \
+        else ''
+    return (f"{what}, device {args.device}{autotuned}, {torch.get_num_threads()} threads, {precision}, "
             f"compile {'on' if args.compile else 'off'}, torch {torch.__version__}\n{args.iters} interleaved "
             f"repetitions (ABBA) per side after warm-up (until two runs agree within {WARMUP_TOLERANCE:.0%}, "
             f"at most {args.max_warmup} runs); img/s: median; ratios: median (min–max) over repetitions")
@@ -552,6 +554,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    cli.tune_for_device(args.device)
     if args.train:
         return _train(args)
     if args.kernels is not None:

@@ -27,8 +27,8 @@ from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
            'non_negative_float', 'probability', 'json_object', 'check_value', 'model_name', 'device', 'missing_device',
-           'create_model', 'add_model_args', 'add_data_dir_arg', 'add_test_set_args', 'add_device_arg', 'load_model',
-           'load_test_split', 'print_result']
+           'create_model', 'tune_for_device', 'add_model_args', 'add_data_dir_arg', 'add_test_set_args', 'add_device_arg',
+           'load_model', 'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -197,6 +197,15 @@ def create_model(name: str, option: str, option_kwargs: Dict[str, Any], **kwargs
         if 'keyword argument' not in str(e):
             raise
         raise UsageError(f'{name} does not take {option} {json.dumps(option_kwargs)}: {e}') from e
+
+
+def tune_for_device(device: torch.device) -> None:
+    """On CUDA, let cuDNN time its algorithms for each convolution shape it meets (``torch.backends.cudnn.benchmark``),
+    as timm's own ``benchmark.py``, ``train.py`` and ``validate.py`` do. The families have convolutions whose shapes
+    cuDNN's heuristics are not tuned for: AA's narrowed convolution branches (120, 232, 464 channels in
+    AA-ResNet-50) and EA's 3×3 over ``N × N`` maps with the heads as channels (6 in EA-DeiT-S)."""
+    if torch.device(device).type == 'cuda':
+        torch.backends.cudnn.benchmark = True
 
 
 def add_device_arg(parser: argparse.ArgumentParser) -> None:

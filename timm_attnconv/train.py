@@ -166,6 +166,7 @@ def _device(name: str, local_rank: int, world: int) -> torch.device:
     if device.type == 'cuda' and world > 1:  # one GPU per process
         device = torch.device('cuda', local_rank)
         torch.cuda.set_device(device)
+    cli.tune_for_device(device)
     return device
 
 

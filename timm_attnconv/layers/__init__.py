@@ -9,5 +9,5 @@ from .positional_attention import (
     ATTN_PATHS, PositionalSelfAttention, auto_path_rule, resolve_attn_path, set_attn_path)
 from .relative import gather_relative, rel_logits_2d, relative_offsets, table_for_length
 from .attention_kernels import (
-    ATTN_KERNELS, FlexKernelError, check_attn_kernel, choose_kernel, flex_unsupported_reason, relative_attention,
-    relative_bias, relative_logits, set_attn_kernel)
+    ATTN_KERNELS, FlexKernelError, attention_probs, check_attn_kernel, choose_kernel, flex_unsupported_reason,
+    relative_attention, relative_bias, relative_logits, set_attn_kernel)

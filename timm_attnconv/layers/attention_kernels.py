@@ -24,7 +24,8 @@ Kernels (:data:`ATTN_KERNELS`):
   model the model's graph lowers it on CUDA; on CPU it runs as its own compiled kernel there too (a graph break). It
   cannot run on every input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced
   ``'flex'`` raises. Nor does its compiled kernel build for every shape on every GPU (Triton's shared memory: an H100
-  could not fit the 400-channel heads of ``sa_learned_content_cifar``); such a shape is remembered, and
+  could not fit the 400-channel heads of ``sa_learned_content_cifar`` with inductor's default blocks: heads wider
+  than :data:`FLEX_WIDE_HEAD_DIM` now take one pipeline stage); such a shape is remembered, and
   :func:`relative_attention` runs SDPA there with a warning when the layer asked for ``'auto'``, or raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
   fastest there); the explicit maps under tracing and ONNX export.
@@ -41,12 +42,17 @@ from torch.nn.attention.flex_attention import flex_attention
 from .attention_interface import AttentionLayer
 
 __all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
-           'relative_logits', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel', 'set_attn_kernel']
+           'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
+           'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
 FLEX_MIN_HEAD_DIM = 16
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Inductor's default forward blocks for heads wider than 256 channels keep 3 pipeline stages of key and value blocks
+# in shared memory: for the 400-channel heads of sa_learned_content_cifar (Triton pads them to 512) that asked for
+# 264,192 bytes on an H100, which has 232,448 per block. One stage asks for half as much.
+FLEX_WIDE_HEAD_DIM = 256
 # Shapes the compiled kernel of an eager model is compiled for before dynamo gives up and runs FlexAttention unfused.
 # Dynamo's own limit (recompile_limit, 8) counts every shape, grad mode and dtype of the one flex_attention function:
 # aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at two batch sizes already passes 8.
@@ -104,6 +110,18 @@ def relative_logits(
     return logits
 
 
+def attention_probs(logits: torch.Tensor) -> torch.Tensor:
+    """``softmax`` over the keys (last dim) of explicit logits, in the logits' dtype.
+
+    CUDA autocast runs a ``softmax`` in fp32: bf16 logits would give an fp32 map ``(B, h, N, N)``, twice their size,
+    which the next matmul casts back to bf16, two more passes over the largest tensor of the layer. With the dtype
+    named, autocast leaves the op alone; the kernel still computes in fp32 and rounds once on the way out, as the cast
+    did (CPU's vectorised kernel: 1 element in 10⁵ one rounding step apart, tested). On CPU, where autocast keeps a
+    softmax in its input's dtype, nothing changes.
+    """
+    return logits.softmax(dim=-1, dtype=logits.dtype)
+
+
 def relative_attention(
         q: torch.Tensor,
         k: torch.Tensor,
@@ -147,6 +165,13 @@ def _pad_head_dim(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, FLEX_MIN_HEAD_DIM - x.shape[-1])) if x.shape[-1] < FLEX_MIN_HEAD_DIM else x
 
 
+def _flex_kernel_options(device_type: str, head_dim: int) -> Optional[Dict[str, int]]:
+    # Triton's kernel only (CUDA); the CPU kernel has no pipeline stages
+    if device_type == 'cuda' and head_dim > FLEX_WIDE_HEAD_DIM:
+        return {'fwd_num_stages': 1}
+    return None
+
+
 def _axis_score_mod(rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], batch: int):
     # (B', h, H, W, H) → (B, h, N, H): the key's row and column pick a term of the query's rows; stride 0 over a
     # shared batch, so an input-independent term is not copied B times. No terms: plain attention (None)
@@ -184,11 +209,14 @@ def _flex_relative_attention(
     if rows is not None and cols is not None:
         rows, cols = rows.to(q.dtype), cols.to(q.dtype)
     q, k, v = _pad_head_dim(q), _pad_head_dim(k), _pad_head_dim(v)
+    options = _flex_kernel_options(q.device.type, max(q.shape[-1], v.shape[-1]))
     if torch.compiler.is_compiling() and q.device.type != 'cpu':
-        # inside a torch.compile'd model the caller's graph lowers flex_attention
-        out = flex_attention(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]), scale=scale)
+        # inside a torch.compile'd model the caller's graph lowers flex_attention (a failure there fails the model's
+        # compilation: no fallback can catch it, hence the kernel options are set before, not after a failure)
+        out = flex_attention(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]), scale=scale,
+                             kernel_options=options)
     else:
-        out = _flex_compiled_alone(q, k, v, scale, rows, cols)
+        out = _flex_compiled_alone(q, k, v, scale, rows, cols, options)
     return out[..., :value_dim]
 
 
@@ -198,7 +226,7 @@ def _flex_relative_attention(
 @torch.compiler.disable
 def _flex_compiled_alone(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-        rows: Optional[torch.Tensor], cols: Optional[torch.Tensor],
+        rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], options: Optional[Dict[str, int]],
 ) -> torch.Tensor:
     backward = torch.is_grad_enabled() and q.requires_grad
     signature = (q.device, q.dtype, backward, q.shape, k.shape, v.shape, None if rows is None else rows.shape)
@@ -209,7 +237,7 @@ def _flex_compiled_alone(
     try:
         with torch._dynamo.config.patch(recompile_limit=limit):
             return _compiled_flex_attention()(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]),
-                                              scale=scale)
+                                              scale=scale, kernel_options=options)
     except torch.OutOfMemoryError:
         raise  # the device is full, which no other kernel mends
     except (RuntimeError, TypeError) as error:  # InductorError (Triton: out of resource), dynamo's failures

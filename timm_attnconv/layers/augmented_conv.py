@@ -21,7 +21,7 @@ from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_f
 
 from .attention_interface import AttentionLayer
 from .relative import rel_logits_2d
-from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
+from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['AAConv2d', 'aa_dims']
 
@@ -187,7 +187,7 @@ class AAConv2d(AttentionLayer):
         if kernel is None:
             kernel = self._kernel(q, k, v, rows)
         if kernel == 'explicit':
-            return self.logits_tap(relative_logits(q, k, 1.0, rows, cols)).softmax(dim=-1) @ v
+            return attention_probs(self.logits_tap(relative_logits(q, k, 1.0, rows, cols))) @ v
         # q is scaled, the relative logits with it
         return relative_attention(q, k, v, 1.0, kernel, rows, cols, requested=self.attn_kernel)
 
@@ -212,4 +212,4 @@ class AAConv2d(AttentionLayer):
         logits = self._logits(q, k, grid)
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        return self._output(x, self.logits_tap(logits).softmax(dim=-1) @ v, grid), logits
+        return self._output(x, attention_probs(self.logits_tap(logits)) @ v, grid), logits

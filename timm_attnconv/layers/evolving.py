@@ -30,6 +30,7 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
+from .attention_kernels import attention_probs
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
@@ -229,7 +230,7 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
         logits = (self.q_norm(q) * self.scale) @ self.k_norm(k).transpose(-2, -1)
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        y = self.attn_drop(self.logits_tap(logits).softmax(dim=-1)) @ v
+        y = self.attn_drop(attention_probs(self.logits_tap(logits))) @ v
         y = self.norm(y.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
         if self.gate is not None:
             y = y * self.gate(x).sigmoid()

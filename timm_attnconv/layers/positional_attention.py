@@ -23,7 +23,7 @@ from timm.layers import register_notrace_module, use_fused_attn
 
 from .attention_interface import AttentionLayer
 from .position_scores import position_term
-from .attention_kernels import check_attn_kernel, choose_kernel, relative_attention, relative_logits
+from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
@@ -276,7 +276,7 @@ class PositionalSelfAttention(AttentionLayer):
             dropout_p = self.attn_drop.p if self.training else 0.
             kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
             if kernel == 'explicit':
-                probs = self.logits_tap(relative_logits(q, k, self.scale, rows, cols, bias)).softmax(dim=-1)
+                probs = attention_probs(self.logits_tap(relative_logits(q, k, self.scale, rows, cols, bias)))
                 out = self.attn_drop(probs) @ values
             else:
                 out = relative_attention(q, k, values, self.scale, kernel, rows, cols, bias, dropout_p,

@@ -15,6 +15,7 @@ import timm
 import torch
 
 from timm_attnconv.benchmark import MAX_WARMUP, inference_call, seconds_of, warm_up  # registers the models too
+from timm_attnconv.cli import tune_for_device
 from timm_attnconv.constants import AMP_DTYPES
 
 
@@ -54,6 +55,7 @@ def main():
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
     args = parser.parse_args()
+    tune_for_device(args.device)  # as the benchmark and the trainer do
     print(f'torch {torch.__version__}, timm {timm.__version__}, '
           f'{torch.cuda.get_device_name() if args.device == "cuda" else args.device}')
     for name, kwargs in args.models:
