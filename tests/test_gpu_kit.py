@@ -82,7 +82,7 @@ def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
 
 def test_op_profile_prints_each_models_time_and_top_ops():
     command = [sys.executable, os.path.join(KIT, 'op_profile.py'), '--device', 'cpu', '--amp', 'none',
-               '--batch-size', '1', '--max-warmup', '1', '--steps', '1', '--top', '3', 'aa_resnet20_cifar',
+               '--batch-size', '1', '--max-warmup', '1', '--steps', '1', '--top', '3', '--shapes', 'aa_resnet20_cifar',
                'resnet18:{"num_classes": 10}']
     env = dict(os.environ, PYTHONPATH=os.path.join(KIT, '..', '..'), OMP_NUM_THREADS='1')
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
@@ -90,6 +90,7 @@ def test_op_profile_prints_each_models_time_and_top_ops():
     assert '== resnet18 {"num_classes": 10}, 224 px, batch 1' in out
     sections = out.split('== ')[1:]
     assert len(sections) == 2 and all('Self CPU time total' in t and t.count('aten::') == 3 for t in sections)
+    assert all('Input Shapes' in t and '[[1, ' in t for t in sections)  # --shapes: a row per op and input shape
 
 
 def test_prepare_and_receive_cifar10(tmp_path):

@@ -34,14 +34,15 @@ def profile(name, kwargs, args):
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == 'cuda':
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    # input shapes tell the AA branches' convolutions (odd channel counts) from the plain ones of the same op
+    with torch.profiler.profile(activities=activities, record_shapes=args.shapes) as prof:
         seconds = seconds_of(lambda: [run() for _ in range(args.steps)], device)
     per_image_us = seconds / (args.steps * args.batch_size) * 1e6
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     label = f'{name} {json.dumps(kwargs)}' if kwargs else name
     print(f"== {label}, {size[1]} px, batch {args.batch_size}, "
           f"{args.amp}, compile {'on' if args.compile else 'off'}: {per_image_us:.1f} µs/image while profiled")
-    print(prof.key_averages().table(sort_by=sort_by, row_limit=args.top), flush=True)
+    print(prof.key_averages(group_by_input_shape=args.shapes).table(sort_by=sort_by, row_limit=args.top), flush=True)
 
 
 def main():
@@ -54,6 +55,7 @@ def main():
     parser.add_argument('--max-warmup', type=int, default=MAX_WARMUP, help='warm-up runs at most (until two timings agree)')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
+    parser.add_argument('--shapes', action='store_true', help='one row per op and input shapes')
     args = parser.parse_args()
     tune_for_device(args.device)  # as the benchmark and the trainer do
     print(f'torch {torch.__version__}, timm {timm.__version__}, '
