@@ -244,3 +244,23 @@ def test_fusing_a_bf16_layer_rounds_each_folded_weight_once():
     fused, in_fp32 = copy.deepcopy(attn).fuse(), copy.deepcopy(attn).float().fuse()
     for (name, param), (_, reference) in zip(fused.named_parameters(), in_fp32.named_parameters()):
         assert param.dtype == torch.bfloat16 and torch.equal(param, reference.to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize('fused', [False, True])
+def test_autocast_hands_the_kernels_one_copy_of_the_tokens_for_every_head(monkeypatch, fused):
+    # the values (and folded keys) are the tokens for every head: cast to the queries' dtype before the per-head view,
+    # so autocast's bf16 queries meet stride-0 bf16 views, not a (B, heads, N, D) copy that a later cast would make
+    attn = PositionalSelfAttention(8, 3, position='query_relative', content=True).eval()
+    attn = set_attn_kernel(attn.fuse() if fused else attn, 'sdpa')
+    seen = {}
+
+    def capture(q, k, v, *args, **kwargs):
+        seen.update(q=q, k=k, v=v)
+        return torch.zeros(*v.shape[:-1], v.shape[-1], dtype=q.dtype)
+    monkeypatch.setattr(positional_attention, 'relative_attention', capture)
+    with torch.no_grad(), torch.autocast('cpu', torch.bfloat16):
+        attn(torch.randn(2, HEIGHT, WIDTH, 8))
+    shared = ('v', 'k') if fused else ('v',)
+    for name in shared:
+        assert seen[name].dtype == seen['q'].dtype == torch.bfloat16, name
+        assert seen[name].stride(1) == 0, name

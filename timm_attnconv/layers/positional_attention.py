@@ -175,8 +175,8 @@ class PositionalSelfAttention(AttentionLayer):
         if self.q is None:  # a constant for TorchScript, which then skips the branch
             raise RuntimeError('this attention layer has no content term (content=False)')
         q = self.q(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
-        if self.k is None:
-            return q, tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
+        if self.k is None:  # in q's dtype before the expand: a cast after it (autocast) would copy it once per head
+            return q, tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
         return q, self.k(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
 
     def _position_bias(self, height: int, width: int) -> torch.Tensor:
@@ -272,7 +272,8 @@ class PositionalSelfAttention(AttentionLayer):
         else:
             q, k = self._content_qk(tokens)
             rows, cols, bias = self._position_terms(q, tokens, height, width)
-            values = tokens[:, None].expand(batch, self.num_heads, num_tokens, dim)
+            # every head's values are the tokens: cast to the queries' dtype once, then viewed per head (stride 0)
+            values = tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
             dropout_p = self.attn_drop.p if self.training else 0.
             kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
             if kernel == 'explicit':
