@@ -96,6 +96,28 @@ def test_versus_and_train_end_to_end_on_cpu(capsys):
     assert re.search(r'\d+\.\d \(\d+\.\d–\d+\.\d\) img/s', out)
 
 
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_channels_last_runs_both_sides_and_the_training_step_in_nhwc(capsys, channels_last):
+    # the stem convolution of every timed model, inference and training, sees NHWC images and NHWC weights
+    formats = []
+
+    def record(module, args):
+        if isinstance(module, torch.nn.Conv2d) and module.in_channels == 3:
+            formats.append((args[0].is_contiguous(memory_format=torch.channels_last),
+                            module.weight.is_contiguous(memory_format=torch.channels_last)))
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    flag = ['--channels-last'] if channels_last else []
+    try:
+        benchmark.main(['--versus', 'aa_resnet20_cifar:attnconv_resnet20_cifar', '--sizes', '8', '--batch-size', '2',
+                        '--iters', '1', '--max-warmup', '1', '--device', 'cpu'] + flag)
+        benchmark.main(['--train', '--models', 'aa_resnet20_cifar', '--batch-size', '2', '--iters', '1',
+                        '--max-warmup', '1', '--device', 'cpu'] + flag)
+    finally:
+        hook.remove()
+    assert len(formats) >= 6 and set(formats) == {(channels_last, channels_last)}
+    assert ('channels_last' in capsys.readouterr().out) == channels_last
+
+
 def test_fp16_training_steps_scale_the_loss_like_the_trainer(monkeypatch):
     """fp16 steps without loss scaling would time a step no one trains with: the benchmark runs the scaler's
     scale/unscale/inf-check/update as timm_attnconv.train does; other dtypes leave it disabled."""

@@ -85,6 +85,22 @@ def test_kernels_agree_with_the_explicit_maps_forward_and_gradients(stride, attn
         torch.testing.assert_close(layer(x), ref, **TOL)
 
 
+@pytest.mark.parametrize('stride,upsilon', [(1, 0.5), (2, 0.5), (1, 1.0)])
+@pytest.mark.parametrize('kernel', ['explicit', 'sdpa', 'flex'])
+def test_channels_last_in_channels_last_out_with_the_same_head_order(stride, upsilon, kernel, eager_flex):
+    # the heads are combined NHWC: an NCHW map would cost the output projection a layout conversion
+    layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=upsilon, min_dim_head_qk=3, attn_grid=(5, 6),
+                     attn_kernel=kernel).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 6, 5, 6)
+    seen = []
+    layer.proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        out = layer(x.contiguous(memory_format=torch.channels_last))
+        for tensor in (seen[0], out):
+            assert tensor.is_contiguous(memory_format=torch.channels_last) and not tensor.is_contiguous()
+        torch.testing.assert_close(out, _naive_aa(layer, x), rtol=1e-4, atol=1e-5)
+
+
 def test_relative_logits_shared_by_heads_and_grid_sizes_run():
     layer = AAConv2d(8, 16, 3, 1, num_heads=4, kappa=1.0, upsilon=0.5, min_dim_head_qk=2, attn_grid=(4, 4))
     assert layer.rel_rows.shape == (7, layer.dim_k // 4) and layer.rel_cols.shape == (7, layer.dim_k // 4)

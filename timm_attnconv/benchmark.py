@@ -17,7 +17,7 @@ Timing: each side is first run until two successive calls agree within 5% (at mo
 two sides of a comparison alternate, ABBA, for ``--iters`` repetitions; a ratio is the median of the per-repetition
 ratios, printed with its range, ``1.74× (1.61–1.88)``, and img/s is each side's median. Timing each side as one
 block and comparing means let a slow phase of a shared machine land on one side only (the same pair twice in one
-run read 1.60× and 1.22×). ``--amp`` and ``--compile`` apply to every timed side. Run::
+run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` apply to every timed side. Run::
 
     python -m timm_attnconv.benchmark                       # all SA models at 32, 64, 96 px, fp32, CPU
     python -m timm_attnconv.benchmark --models sa_quadratic_cifar --sizes 32 96 --device cuda
@@ -176,8 +176,16 @@ def ratio_text(spread: Dict[str, float]) -> str:
     return f"{spread['median']:.2f}× ({spread['min']:.2f}–{spread['max']:.2f})"
 
 
-def _prepared(model: nn.Module, compile_model: bool) -> nn.Module:
+def _prepared(model: nn.Module, compile_model: bool, channels_last: bool = False) -> nn.Module:
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     return torch.compile(model) if compile_model else model
+
+
+def _images(batch_size: int, img_size: int, device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    # random images, NHWC in memory with channels_last (as timm's --channels-last feeds them)
+    x = torch.randn(batch_size, 3, img_size, img_size, device=device)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
 def inference_call(model: nn.Module, x: torch.Tensor, amp: Optional[torch.dtype]) -> Callable[[], torch.Tensor]:
@@ -200,7 +208,8 @@ def _first_call(forward: Callable[[], torch.Tensor], device: torch.device) -> Di
 
 def compare_paths(
         name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
-        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, **model_kwargs,
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
+        **model_kwargs,
 ) -> Dict[str, object]:
     """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring.
     ``iters`` interleaved repetitions (one forward pass each) per path; ``speedup`` is the median over repetitions of
@@ -215,8 +224,8 @@ def compare_paths(
     fast.load_state_dict(original.state_dict())
     fast = reparameterize_model(fast, inplace=True)
     position_buffers = sum(b.numel() * b.element_size() for b in fast.buffers())
-    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in (original, fast)]
+    x = _images(batch_size, img_size, dev, channels_last)
+    sides = [inference_call(_prepared(m, compile_model, channels_last), x, amp) for m in (original, fast)]
     ref, new = (_first_call(side, dev) for side in sides)
     timing = measure(sides, iters, dev, max_warmup)
     original_s, fast_s = (statistics.median(t) for t in timing['seconds'])
@@ -234,7 +243,8 @@ def compare_paths(
 
 def compare_attn_paths(
         name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
-        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, **model_kwargs,
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
+        **model_kwargs,
 ) -> Dict[str, object]:
     """Time every exact algorithm of :data:`EXACT_PATHS` on the SA model ``name`` (same weights, nothing folded), all
     in one interleaved measurement; ``speed[path]`` is the median over repetitions of dense's time over the path's,
@@ -250,8 +260,8 @@ def compare_attn_paths(
     for model, path in zip(models, EXACT_PATHS):
         model.load_state_dict(reference.state_dict())
         set_attn_path(model, path)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
-    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in models]
+    x = _images(batch_size, img_size, dev, channels_last)
+    sides = [inference_call(_prepared(m, compile_model, channels_last), x, amp) for m in models]
     firsts = [_first_call(side, dev) for side in sides]
     timing = measure(sides, iters, dev, max_warmup)
     dense_s = timing['seconds'][0]
@@ -271,15 +281,15 @@ def compare_attn_paths(
 def compare_models(
         name: str, baseline: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
         baseline_kwargs: Optional[Dict[str, object]] = None, amp: Optional[torch.dtype] = None,
-        compile_model: bool = False, max_warmup: int = MAX_WARMUP,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> Dict[str, object]:
     """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``);
     ``time_ratio`` is the median over ``iters`` interleaved repetitions of the model's time over the baseline's."""
     dev = torch.device(device)
-    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    x = _images(batch_size, img_size, dev, channels_last)
     models = [cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev)
               for model_name, kwargs in ((name, {}), (baseline, baseline_kwargs or {}))]
-    sides = [inference_call(_prepared(m, compile_model), x, amp) for m in models]
+    sides = [inference_call(_prepared(m, compile_model, channels_last), x, amp) for m in models]
     model_row, baseline_row = (_first_call(side, dev) for side in sides)
     timing = measure(sides, iters, dev, max_warmup)
     model_s, baseline_s = (statistics.median(t) for t in timing['seconds'])
@@ -296,7 +306,7 @@ def compare_models(
 def compare_kernels(
         name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
         device: str = 'cpu', amp: Optional[torch.dtype] = None, compile_model: bool = False,
-        max_warmup: int = MAX_WARMUP,
+        max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> List[Dict[str, object]]:
     """Inference of ``name`` with each attention kernel of ``kernels`` (the same weights), interleaved: one row per
     kernel with img/s, ``speed`` = the first kernel's time over this one's (median and range over repetitions), peak
@@ -309,10 +319,11 @@ def compare_kernels(
     dev = torch.device(device)
     model = timm.create_model(name).eval().to(dev)
     img_size = img_size or model.pretrained_cfg['input_size'][-1]
-    x = torch.randn(batch_size, 3, img_size, img_size, device=dev)
+    x = _images(batch_size, img_size, dev, channels_last)
     rows, sides, firsts = [], [], []
     for kernel in kernels:
-        side = inference_call(_prepared(set_attn_kernel(copy.deepcopy(model), kernel), compile_model), x, amp)
+        with_kernel = set_attn_kernel(copy.deepcopy(model), kernel)
+        side = inference_call(_prepared(with_kernel, compile_model, channels_last), x, amp)
         row = dict(name=name, img_size=img_size, batch=batch_size, kernel=kernel, reps=iters)
         try:
             firsts.append(_first_call(side, dev))
@@ -336,7 +347,7 @@ def compare_kernels(
 
 def training_throughput(
         name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
-        compile_model: bool = False, max_warmup: int = MAX_WARMUP,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> Dict[str, object]:
     """img/s and achieved GFLOP/s of full training steps (forward, backward, AdamW) of ``name`` at 32×32: the median
     over ``steps`` timed steps after warm-up, with the range of img/s over them.
@@ -348,9 +359,10 @@ def training_throughput(
     from torch.utils.flop_counter import FlopCounterMode
 
     dev = torch.device(device)
-    model = timm.create_model(name).train().to(dev)
+    # in its memory format before the optimizer creates its state, which then takes the parameters' layout
+    model = _prepared(timm.create_model(name).train().to(dev), False, channels_last)
     optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
-    x = torch.randn(batch_size, 3, 32, 32, device=dev)
+    x = _images(batch_size, 32, dev, channels_last)
     y = torch.randint(0, 10, (batch_size,), device=dev)
     # fp16 trains with loss scaling, as timm_attnconv.train does (its unscale and inf check are part of the step)
     grad_scaler = torch.amp.GradScaler(dev.type, enabled=amp is torch.float16)
@@ -415,13 +427,14 @@ def _header(what: str, args: argparse.Namespace) -> str:
     autotuned = ' (cuDNN autotuned)' if torch.device(args.device).type == 'cuda' and torch.backends.cudnn.benchmark \
         else ''
     return (f"{what}, device {args.device}{autotuned}, {torch.get_num_threads()} threads, {precision}, "
-            f"compile {'on' if args.compile else 'off'}, torch {torch.__version__}\n{args.iters} interleaved "
+            f"compile {'on' if args.compile else 'off'}{', channels_last' if args.channels_last else ''}, torch {torch.__version__}\n{args.iters} interleaved "
             f"repetitions (ABBA) per side after warm-up (until two runs agree within {WARMUP_TOLERANCE:.0%}, "
             f"at most {args.max_warmup} runs); img/s: median; ratios: median (min–max) over repetitions")
 
 
 def _options(args: argparse.Namespace) -> Dict[str, object]:
-    return dict(amp=AMP_DTYPES[args.amp], compile_model=args.compile, max_warmup=args.max_warmup)
+    return dict(amp=AMP_DTYPES[args.amp], compile_model=args.compile, max_warmup=args.max_warmup,
+                channels_last=args.channels_last)
 
 
 def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[Dict[str, object]]:
@@ -536,6 +549,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
                         help='autocast dtype of every timed side, inference and --train (fp16 training steps scale '
                              'the loss with a GradScaler, as timm_attnconv.train does)')
     parser.add_argument('--compile', action='store_true', help='torch.compile every timed model (each side alike)')
+    parser.add_argument('--channels-last', action='store_true',
+                        help='every timed model and its input in channels_last memory format (each side alike), as '
+                             "timm's train.py and benchmark.py --channels-last run convolutional nets on GPUs")
     parser.add_argument('--paths', action='store_true',
                         help='instead: time the exact attention algorithms (dense, separable_loop, '
                              'separable_batched) of the separable SA models (or --models) against each other, and '

@@ -165,10 +165,19 @@ class AAConv2d(AttentionLayer):
         rows, cols = self._relative_terms(q, grid)
         return relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
 
-    def _output(self, x: torch.Tensor, heads: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+    def _combine_heads(self, heads: torch.Tensor, grid: Tuple[int, int], channels_last: bool) -> torch.Tensor:
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (the appendix's
-        # combine_heads_2d; leaderj1001/Attention-Augmented-Conv2d issues #21, #25)
-        attn = self.proj(heads.transpose(-1, -2).reshape(x.shape[0], self.dim_v, grid[0], grid[1]))
+        # combine_heads_2d; leaderj1001/Attention-Augmented-Conv2d issues #21, #25). In the input's memory format:
+        # an NCHW map among channels_last convolutions would make the concatenation, and the block's next
+        # convolution, NCHW (13 layout conversions per aa_resnet50 forward)
+        batch, height, width = heads.shape[0], grid[0], grid[1]
+        if channels_last:  # (B, hw, N_h, d_vh) in memory: the same one copy, viewed as NCHW
+            return heads.transpose(1, 2).reshape(batch, height, width, self.dim_v).permute(0, 3, 1, 2)
+        return heads.transpose(-1, -2).reshape(batch, self.dim_v, height, width)
+
+    def _output(self, x: torch.Tensor, heads: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        attn = self.proj(self._combine_heads(heads, grid, channels_last))
         out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
         if attn.shape[-2] != out_h or attn.shape[-1] != out_w:
             attn = F.interpolate(attn, size=(out_h, out_w), mode='bilinear', align_corners=False)

@@ -37,6 +37,9 @@ rest $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-mod
 for c in "" --compile; do
   step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
 done
+for c in "" --compile; do  # the memory format timm's scripts run convolutional nets in on GPUs (--channels-last)
+  rest $B $c --channels-last --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+done
 step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
 rest $B --compile --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 \
   --batch-size 128
