@@ -19,6 +19,13 @@ def test_shorter_grid_takes_central_offsets_exactly():
                 assert torch.equal(gathered[q, k], table[k - q + 15])
 
 
+def test_a_traced_gather_takes_the_same_offsets():
+    # under tracing (the legacy ONNX exporter) the gather is an index tensor instead of the table's reversed windows
+    table = torch.randn(2 * 6 - 1, 5)
+    traced = torch.jit.trace(lambda t: gather_relative(t, 4), (table,))
+    assert torch.equal(traced(table), gather_relative(table, 4))
+
+
 def test_longer_grid_interpolates_with_aligned_ends_or_refuses():
     table = torch.randn(2 * 4 - 1, 3)
     resized = table_for_length(table, 7)

@@ -45,8 +45,11 @@ def table_for_length(table: torch.Tensor, length: int, resize: bool = True, name
 def gather_relative(table: torch.Tensor, length: int, resize: bool = True, name: str = 'relative table') -> torch.Tensor:
     """``(L, L, C)`` tensor with ``out[q, k] = table[k - q + L - 1]`` (after :func:`table_for_length`)."""
     table = table_for_length(table, length, resize=resize, name=name)
-    index = relative_offsets(length, table.device) + (length - 1)
-    return table[index]
+    if torch.jit.is_tracing():  # the legacy ONNX exporter cannot size unfold's windows: an index tensor
+        return table[relative_offsets(length, table.device) + (length - 1)]
+    # window s of the table, table[s : s + L], holds the offsets of query L − 1 − s to keys 0 … L − 1: the windows in
+    # reverse order are the gather, one flip where the index tensor takes four kernels to build and one to apply
+    return table.unfold(0, length, 1).flip(0).movedim(-1, 1)
 
 
 def rel_logits_2d(
