@@ -208,8 +208,8 @@ def _first_call(forward: Callable[[], torch.Tensor], device: torch.device) -> Di
 
 def compare_paths(
         name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
-        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
-        **model_kwargs,
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP,
+        channels_last: bool = False, **model_kwargs,
 ) -> Dict[str, object]:
     """Time the original algorithm and the fast path of ``name`` on one random batch; see the module docstring.
     ``iters`` interleaved repetitions (one forward pass each) per path; ``speedup`` is the median over repetitions of
@@ -243,8 +243,8 @@ def compare_paths(
 
 def compare_attn_paths(
         name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
-        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
-        **model_kwargs,
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP,
+        channels_last: bool = False, **model_kwargs,
 ) -> Dict[str, object]:
     """Time every exact algorithm of :data:`EXACT_PATHS` on the SA model ``name`` (same weights, nothing folded), all
     in one interleaved measurement; ``speed[path]`` is the median over repetitions of dense's time over the path's,
@@ -426,8 +426,9 @@ def _header(what: str, args: argparse.Namespace) -> str:
     precision = 'fp32' if args.amp == 'none' else f'{args.amp} autocast'
     autotuned = ' (cuDNN autotuned)' if torch.device(args.device).type == 'cuda' and torch.backends.cudnn.benchmark \
         else ''
+    layout = ', channels_last' if args.channels_last else ''
     return (f"{what}, device {args.device}{autotuned}, {torch.get_num_threads()} threads, {precision}, "
-            f"compile {'on' if args.compile else 'off'}{', channels_last' if args.channels_last else ''}, torch {torch.__version__}\n{args.iters} interleaved "
+            f"compile {'on' if args.compile else 'off'}{layout}, torch {torch.__version__}\n{args.iters} interleaved "
             f"repetitions (ABBA) per side after warm-up (until two runs agree within {WARMUP_TOLERANCE:.0%}, "
             f"at most {args.max_warmup} runs); img/s: median; ratios: median (min–max) over repetitions")
 

@@ -168,8 +168,7 @@ class AAConv2d(AttentionLayer):
     def _combine_heads(self, heads: torch.Tensor, grid: Tuple[int, int], channels_last: bool) -> torch.Tensor:
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (the appendix's
         # combine_heads_2d; leaderj1001/Attention-Augmented-Conv2d issues #21, #25). In the input's memory format:
-        # an NCHW map among channels_last convolutions would make the concatenation, and the block's next
-        # convolution, NCHW (13 layout conversions per aa_resnet50 forward)
+        # an NCHW map in a channels_last model costs the output projection a layout conversion
         batch, height, width = heads.shape[0], grid[0], grid[1]
         if channels_last:  # (B, hw, N_h, d_vh) in memory: the same one copy, viewed as NCHW
             return heads.transpose(1, 2).reshape(batch, height, width, self.dim_v).permute(0, 3, 1, 2)
