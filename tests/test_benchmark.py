@@ -177,6 +177,16 @@ def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
     assert RATIO.search(flex_line)
 
 
+def test_evolution_layouts_end_to_end_on_cpu(capsys):
+    rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
+                           '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
+    assert [r['evolution conv'] for r in rows] == ['channels_last', 'nchw']
+    assert rows[0]['speed'] == 1.0 and rows[1]['speed_min'] <= rows[1]['speed'] <= rows[1]['speed_max']
+    assert rows[1]['max_abs_diff'] < 1e-5  # a memory format, not another computation
+    nchw_line, = [line for line in capsys.readouterr().out.splitlines() if ' nchw ' in line]
+    assert RATIO.search(nchw_line)
+
+
 def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys):
     from timm_attnconv.layers import attention_kernels
     monkeypatch.setattr(attention_kernels, 'flex_unsupported_reason', lambda *args: 'no kernel for this test')
@@ -184,4 +194,4 @@ def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys)
                            '--batch-size', '1', '--iters', '1', '--max-warmup', '1', '--device', 'cpu'])
     assert rows[0]['kernel'] == 'sdpa' and rows[0]['img_s'] > 0
     assert 'no kernel for this test' in rows[1]['error']
-    assert 'flex     cannot run: ' in capsys.readouterr().out
+    assert re.search(r' flex +cannot run: ', capsys.readouterr().out)

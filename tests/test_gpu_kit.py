@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from timm_attnconv import benchmark
 from timm_attnconv.runs import read_checkpoint
 from timm_attnconv.stage import _read_run
 from timm_attnconv.transfer import main as transfer_main
@@ -91,6 +92,24 @@ def test_op_profile_prints_each_models_time_and_top_ops():
     sections = out.split('== ')[1:]
     assert len(sections) == 2 and all('Self CPU time total' in t and t.count('aten::') == 3 for t in sections)
     assert all('Input Shapes' in t and '[[1, ' in t for t in sections)  # --shapes: a row per op and input shape
+
+
+def test_every_benchmark_step_is_a_valid_command(tmp_path):
+    # benchmark.sh with a python3 that writes down its arguments instead of running: each step must parse (models,
+    # flags, combinations), or the GPU minute of that step would go to a usage error
+    fake_bin, calls = tmp_path / 'bin', tmp_path / 'calls.txt'
+    fake_bin.mkdir()
+    (fake_bin / 'python3').write_text(f'#!/usr/bin/env bash\nprintf "%s\\037" "$@" >> {calls}; echo >> {calls}\n')
+    (fake_bin / 'python3').chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / 'out'),
+               DEVICE='cpu')  # the parser checks that the device is there
+    kit('benchmark.sh', '--quick', env=env)
+    steps = [line.split('\x1f')[:-1] for line in calls.read_text().splitlines()]  # each argument ends in \x1f
+    steps = [argv[2:] for argv in steps if argv[:2] == ['-m', 'timm_attnconv.benchmark']]
+    assert len(steps) >= 15 and any('--evolution-layouts' in argv for argv in steps)
+    for argv in steps:
+        args = benchmark.parse_args(argv)
+        assert args.device == 'cpu' and args.amp == 'bf16' and args.iters == 2, argv
 
 
 def test_prepare_and_receive_cifar10(tmp_path):

@@ -7,7 +7,7 @@ import timm
 import torch
 from timm.layers import Attention
 
-from timm_attnconv.layers import AAConv2d, AttentionEvolution, ChainedAttention, link_chain
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
 
 
@@ -33,6 +33,27 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
                     expected[batch, g, p, q] = conv_weight * torch.relu(acc) + (1 - conv_weight) * mixed[batch, g, p, q]
     with torch.no_grad():
         torch.testing.assert_close(ea(s, prev), expected)
+        # either memory format of the convolution: the same update, handed on contiguous for the softmax
+        for channels_last in (True, False):
+            out = set_evolution_layout(ea, channels_last)(s, prev)
+            torch.testing.assert_close(out, expected)
+            assert out.is_contiguous()
+
+
+def test_the_layout_switch_reaches_the_convolution(monkeypatch):
+    ea = AttentionEvolution(3)
+    s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    convolve, layouts = ea._conv_in_maps_dtype, []
+
+    def recording(maps):
+        layouts.append(maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous())
+        return convolve(maps)
+    monkeypatch.setattr(ea, '_conv_in_maps_dtype', recording)
+    with torch.no_grad():
+        for channels_last in (True, False):
+            set_evolution_layout(torch.nn.Sequential(ea), channels_last)  # found inside a model
+            ea(s, prev)
+    assert layouts == [True, False]
 
 
 def _aa(grid, heads=2):

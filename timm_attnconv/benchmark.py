@@ -26,16 +26,20 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
     python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
     python -m timm_attnconv.benchmark --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 256 \
         --device cuda                 # attention kernels explicit / sdpa / flex, each model at its default size
+    python -m timm_attnconv.benchmark --evolution-layouts --models deit_ea_small_patch16_224 --device cuda --amp bf16
 
 ``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
 :mod:`timm_attnconv.layers.attention_kernels`) on one model's weights: img/s, speed over the first kernel named,
 peak memory and ``max |Δ logits|``; a kernel that cannot run on the device (FlexAttention without a CPU backward, a
-dtype it lacks) is listed with the reason instead.
+dtype it lacks) is listed with the reason instead. ``--evolution-layouts`` times an evolving-attention model with the
+convolution over its attention maps in channels_last (the default, measured faster on CPU) and in NCHW memory format
+(``timm_attnconv.layers.set_evolution_layout``), likewise.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -50,10 +54,12 @@ import torch.nn as nn
 from . import cli
 from .constants import AMP_DTYPES
 from .data import default_data_dir, load_cifar10, normalize
-from .layers import ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path
+from .layers import (
+    ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path, set_evolution_layout)
 
-__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_kernels', 'training_throughput', 'measure',
-           'warm_up', 'seconds_of', 'inference_call', 'interleaved_seconds', 'median_spread', 'ratio_text', 'main']
+__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_kernels',
+           'compare_evolution_layouts', 'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call',
+           'interleaved_seconds', 'median_spread', 'ratio_text', 'parse_args', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
@@ -64,6 +70,8 @@ WARMUP_TOLERANCE = 0.05
 MAX_WARMUP = 8
 # the exact algorithms of a separable SA layer, as --paths times them; the first is the reference of the ratios
 EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched')
+# memory formats of an evolving-attention model's convolution over its maps, as --evolution-layouts times them
+EVOLUTION_LAYOUTS = ('channels_last', 'nchw')
 
 
 @contextmanager
@@ -303,15 +311,16 @@ def compare_models(
     )
 
 
-def compare_kernels(
-        name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
-        device: str = 'cpu', amp: Optional[torch.dtype] = None, compile_model: bool = False,
-        max_warmup: int = MAX_WARMUP, channels_last: bool = False,
+def compare_variants(
+        name: str, img_size: Optional[int], batch_size: int, variants: Dict[str, Callable[[nn.Module], nn.Module]],
+        label: str = 'variant', iters: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> List[Dict[str, object]]:
-    """Inference of ``name`` with each attention kernel of ``kernels`` (the same weights), interleaved: one row per
-    kernel with img/s, ``speed`` = the first kernel's time over this one's (median and range over repetitions), peak
-    memory of one forward pass and ``max_abs_diff`` of the logits against the first kernel's. A kernel that cannot
-    run here gives a row with its ``error`` instead. ``img_size`` None: the model's default input size."""
+    """Inference of ``name`` in each variant (a copy of the model, same weights, set up by the variant's function),
+    interleaved: one row per variant, named under ``label``, with img/s, ``speed`` = the first variant's time over
+    this one's (median and range over repetitions), peak memory of one forward pass and ``max_abs_diff`` of the logits
+    against the first variant's. A variant that cannot run here (a ``ValueError`` that says why) gives a row with its
+    ``error`` instead. ``img_size`` None: the model's default input size."""
     import copy
 
     import timm
@@ -321,13 +330,12 @@ def compare_kernels(
     img_size = img_size or model.pretrained_cfg['input_size'][-1]
     x = _images(batch_size, img_size, dev, channels_last)
     rows, sides, firsts = [], [], []
-    for kernel in kernels:
-        with_kernel = set_attn_kernel(copy.deepcopy(model), kernel)
-        side = inference_call(_prepared(with_kernel, compile_model, channels_last), x, amp)
-        row = dict(name=name, img_size=img_size, batch=batch_size, kernel=kernel, reps=iters)
+    for variant, set_up in variants.items():
+        side = inference_call(_prepared(set_up(copy.deepcopy(model)), compile_model, channels_last), x, amp)
+        row = {'name': name, 'img_size': img_size, 'batch': batch_size, label: variant, 'reps': iters}
         try:
             firsts.append(_first_call(side, dev))
-        except ValueError as error:  # a forced kernel that cannot run on this device or dtype says why
+        except ValueError as error:  # e.g. a forced kernel that cannot run on this device or dtype says why
             rows.append(dict(row, error=str(error)))
             continue
         rows.append(row)
@@ -343,6 +351,23 @@ def compare_kernels(
                    speed_min=speed['min'], speed_max=speed['max'], peak_mb=first['peak_mb'],
                    max_abs_diff=(first['logits'] - firsts[0]['logits']).abs().max().item())
     return rows
+
+
+def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
+                    **options) -> List[Dict[str, object]]:
+    """:func:`compare_variants` over the attention kernels ``kernels`` of the AA and SA content layers
+    (``set_attn_kernel``): a row per kernel, under ``'kernel'``."""
+    variants = {kernel: functools.partial(set_attn_kernel, kernel=kernel) for kernel in kernels}
+    return compare_variants(name, img_size, batch_size, variants, 'kernel', iters, **options)
+
+
+def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int, iters: int = 3,
+                              **options) -> List[Dict[str, object]]:
+    """:func:`compare_variants` over the memory formats of the evolution convolution of an evolving-attention model
+    (``set_evolution_layout``): channels_last (the default) and NCHW, under ``'evolution conv'``."""
+    variants = {layout: functools.partial(set_evolution_layout, channels_last=layout == 'channels_last')
+                for layout in EVOLUTION_LAYOUTS}
+    return compare_variants(name, img_size, batch_size, variants, 'evolution conv', iters, **options)
 
 
 def training_throughput(
@@ -486,17 +511,18 @@ def _paths(args: argparse.Namespace) -> List[Dict[str, object]]:
     return rows
 
 
-def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
-    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
-    print(_header('attention kernels, inference', args))
-    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {'kernel':8s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
+def _variants(args: argparse.Namespace, what: str, label: str, variants: Sequence[str],
+              compare: Callable[..., List[Dict[str, object]]]) -> List[Dict[str, object]]:
+    # one table of compare_variants rows: each model of --models at each size (default: the model's own)
+    print(_header(what, args))
+    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {label:14s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
-            for r in compare_kernels(name, size, args.batch_size or 8, kernels, args.iters, args.device,
-                                     **_options(args)):
-                head = f"{name:30s} {r['img_size']:4d} {r['batch']:5d} {r['kernel']:8s}"
+            for r in compare(name, size, args.batch_size or 8, iters=args.iters, device=args.device,
+                             **_options(args)):
+                head = f"{name:30s} {r['img_size']:4d} {r['batch']:5d} {r[label]:14s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
                 else:
@@ -504,9 +530,15 @@ def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
                     print(f"{head} {r['img_s']:9.2f} {speed:>19s} {r['peak_mb']:9.1f} {r['max_abs_diff']:11.2e}",
                           flush=True)
                 rows.append(r)
-    print(f'speed: {kernels[0]} time / this kernel\'s time; peak MB: tensor allocations of one forward pass; '
-          f'max|Δlogit|: against {kernels[0]}.')
+    print(f'speed: {variants[0]} time / this {label}\'s time; peak MB: tensor allocations of one forward pass; '
+          f'max|Δlogit|: against {variants[0]}.')
     return rows
+
+
+def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
+    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+    return _variants(args, 'attention kernels, inference', 'kernel', kernels,
+                     functools.partial(compare_kernels, kernels=kernels))
 
 
 def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
@@ -522,8 +554,9 @@ def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
-    import timm_attnconv
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line of :func:`main`, checked (models, devices, option combinations) without running anything:
+    what ``training/gpu/benchmark.sh`` is tested against, so that no GPU minute goes to a mistyped step."""
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('--models', nargs='*', type=cli.model_name, default=None,
                         help='default: every paper-size model of the SA family')
@@ -563,21 +596,35 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     parser.add_argument('--kernels', nargs='*', choices=[k for k in ATTN_KERNELS if k != 'auto'], default=None,
                         help='instead: inference of --models with each attention kernel (default: explicit sdpa '
                              'flex; speed is relative to the first)')
+    parser.add_argument('--evolution-layouts', action='store_true',
+                        help='instead: inference of --models (evolving-attention models) with the convolution over '
+                             'their attention maps in channels_last (the default) and in NCHW memory format')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
     parser.add_argument('--bf16-images', type=cli.positive_int, default=128,
                         help='test images for the bf16 check (bf16 matmul is slow on CPUs without bf16 units)')
     args = parser.parse_args(argv)
+    if args.kernels is not None and not args.models:
+        parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
+    if args.evolution_layouts and not args.models:
+        parser.error('--evolution-layouts times the models named by --models, e.g. deit_ea_small_patch16_224')
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
+    import timm_attnconv
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cli.tune_for_device(args.device)
     if args.train:
         return _train(args)
     if args.kernels is not None:
-        if not args.models:
-            parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
         return _kernels(args)
+    if args.evolution_layouts:
+        return _variants(args, 'evolution convolution layouts, inference', 'evolution conv', EVOLUTION_LAYOUTS,
+                         compare_evolution_layouts)
     if args.sizes is None:
         args.sizes = [32, 64, 96]
     if args.paths:

@@ -34,7 +34,7 @@ from .attention_kernels import attention_probs
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
-           'TIMM_TESTED', 'check_timm_api', 'link_chain']
+           'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
 TIMM_TESTED = ('1.0.28', '1.0.31')
@@ -52,6 +52,9 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
+        # few channels on a large N×N image: channels_last measured 2.6× faster on CPU (BENCHMARK.md); on a GPU not
+        # measured yet, hence a switch (set_evolution_layout) that the benchmark's --evolution-layouts compares
+        self.channels_last_conv = True
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
         nn.init.zeros_(self.conv.bias)
@@ -65,11 +68,11 @@ class AttentionEvolution(nn.Module):
         # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
         # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
         mixed = torch.lerp(logits, prev.to(logits.dtype), self.evolve_residual)
-        # few channels on a large N×N image: channels_last convolution measured 2.6× faster on CPU (BENCHMARK.md)
-        mixed = mixed.contiguous(memory_format=torch.channels_last)
+        if self.channels_last_conv:
+            mixed = mixed.contiguous(memory_format=torch.channels_last)
         evolved = F.relu(self._conv_in_maps_dtype(mixed), inplace=True)  # the conv's backward needs no output
         if self.evolve_conv_weight != 1.:
-            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M, still channels_last
+            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M, in mixed's layout
         return evolved.contiguous()  # the layout the softmax over keys wants
 
     def _conv_in_maps_dtype(self, maps: torch.Tensor) -> torch.Tensor:
@@ -82,6 +85,16 @@ class AttentionEvolution(nn.Module):
         bias = self.conv.bias.to(maps.dtype) if self.conv.bias is not None else None
         with torch.autocast(maps.device.type, enabled=False):
             return F.conv2d(maps, self.conv.weight.to(maps.dtype), bias, padding=self.conv.padding)
+
+
+def set_evolution_layout(model: nn.Module, channels_last: bool) -> nn.Module:
+    """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in channels_last
+    (the default) or NCHW memory format: the same results, the faster layout depends on the device. Returns
+    ``model``."""
+    for module in model.modules():
+        if isinstance(module, AttentionEvolution):
+            module.channels_last_conv = channels_last
+    return model
 
 
 def link_chain(layers: Sequence[nn.Module], grids: Sequence[Tuple[int, int]], evolve_residual: float = 0.5,

@@ -44,6 +44,8 @@ step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": fal
 rest $B --compile --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 \
   --batch-size 128
 step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
+# the convolution over EA's maps: channels_last (measured faster on CPU) or NCHW on this GPU
+rest $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
 rest $B --compile --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
 # training steps of the CIFAR models the trainer runs (batch 256, 32 px)
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
