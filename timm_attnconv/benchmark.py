@@ -515,14 +515,14 @@ def _variants(args: argparse.Namespace, what: str, label: str, variants: Sequenc
               compare: Callable[..., List[Dict[str, object]]]) -> List[Dict[str, object]]:
     # one table of compare_variants rows: each model of --models at each size (default: the model's own)
     print(_header(what, args))
-    print(f"{'model':30s} {'px':>4s} {'batch':>5s} {label:14s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
+    print(f"{'model':32s} {'px':>4s} {'batch':>5s} {label:14s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
             for r in compare(name, size, args.batch_size or 8, iters=args.iters, device=args.device,
                              **_options(args)):
-                head = f"{name:30s} {r['img_size']:4d} {r['batch']:5d} {r[label]:14s}"
+                head = f"{name:32s} {r['img_size']:4d} {r['batch']:5d} {r[label]:14s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
                 else:
