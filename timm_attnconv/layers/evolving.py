@@ -52,8 +52,9 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
-        # few channels on a large N×N image: channels_last measured 2.6× faster on CPU (BENCHMARK.md); on a GPU not
-        # measured yet, hence a switch (set_evolution_layout) that the benchmark's --evolution-layouts compares
+        # few channels on a large N×N image: on CPU the convolution alone ran 2.6× faster channels_last, whole
+        # models up to 1.1× (BENCHMARK.md); on a GPU not measured yet, hence the switch (set_evolution_layout)
+        # that the benchmark's --evolution-layouts compares
         self.channels_last_conv = True
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
