@@ -264,3 +264,42 @@ def test_autocast_hands_the_kernels_one_copy_of_the_tokens_for_every_head(monkey
     for name in shared:
         assert seen[name].dtype == seen['q'].dtype == torch.bfloat16, name
         assert seen[name].stride(1) == 0, name
+
+
+def test_an_evolving_chain_under_autocast_writes_no_fp32_map():
+    # the bf16 q·k maps of a content layer go to the value product in bf16: no fp32 copy of a (B, heads, N, N) tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from timm_attnconv.layers import AttentionEvolution
+
+    class MapDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape[-2:]) == (HEIGHT * WIDTH,) * 2:
+                self.dtypes.add(out.dtype)
+            return out
+    attn = PositionalSelfAttention(8, 3, position='query_relative', content=True).eval()
+    attn.evolve = AttentionEvolution(3)
+    x, prev = torch.randn(2, HEIGHT, WIDTH, 8), torch.randn(2, 3, HEIGHT * WIDTH, HEIGHT * WIDTH)
+    with torch.no_grad():
+        reference, _ = attn.forward_chain(x, prev)
+        with torch.autocast('cpu', torch.bfloat16), MapDtypes() as maps:
+            out, _ = attn.forward_chain(x, prev.to(torch.bfloat16))
+    assert maps.dtypes == {torch.bfloat16}
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+
+
+def test_a_bf16_chain_meets_its_fp32_position_maps_in_bf16():
+    # position-only logits are formed in at least fp32: the maps are cast to the tokens' dtype for the value product
+    from timm_attnconv.layers import AttentionEvolution
+    attn = PositionalSelfAttention(8, 3, position='quadratic', content=False).eval()
+    attn.evolve = AttentionEvolution(3)
+    x, prev = torch.randn(2, HEIGHT, WIDTH, 8), torch.randn(2, 3, HEIGHT * WIDTH, HEIGHT * WIDTH)
+    with torch.no_grad():
+        reference, _ = attn.forward_chain(x, prev)
+        out, logits = attn.to(torch.bfloat16).forward_chain(x.to(torch.bfloat16), prev)
+    assert logits.dtype == torch.float32 and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)

@@ -296,7 +296,13 @@ class PositionalSelfAttention(AttentionLayer):
         logits = logits.expand(batch, -1, -1, -1)  # position-only maps are shared by the batch; a chain is per image
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        probs = self.attn_drop(self.logits_tap(logits).softmax(dim=-1).to(x.dtype))
+        probs = attention_probs(self.logits_tap(logits))
+        if torch.promote_types(probs.dtype, x.dtype) == probs.dtype:
+            # maps wider than the tokens (fp32 position logits in a bf16 model) meet them in their dtype; narrower
+            # ones exist only under autocast (bf16 q·k of fp32 tokens), whose matmul takes them as they are: a cast
+            # up would write the largest tensor of the layer in fp32 once more
+            probs = probs.to(x.dtype)
+        probs = self.attn_drop(probs)
         heads = (probs @ x.reshape(batch, 1, height * width, dim)).transpose(1, 2)  # (B, N, heads, D)
         out = self.proj_heads(heads.reshape(batch, height, width, self.num_heads * dim))
         return self.proj_drop(self.proj(out)), logits
