@@ -25,6 +25,8 @@ step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --
 for c in "" --compile; do
   step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 32 --batch-size 256
 done
+# the fast path (auto, projections folded) against the original algorithm (dense, unfolded) at 96 px: ≥ 1.5× asked
+rest $B --models sa_quadratic_cifar sa_learned_cifar --sizes 96 --batch-size 64 --bf16-model ''
 for px in 64 96; do  # compiled at the larger grids too, one size per step (each side compiles)
   rest $B --compile --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes $px \
     --batch-size 64
