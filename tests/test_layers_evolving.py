@@ -7,7 +7,8 @@ import timm
 import torch
 from timm.layers import Attention
 
-from timm_attnconv.layers import AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout
+from timm_attnconv.layers import (
+    EVOLUTION_LAYOUTS, AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout)
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
 
 
@@ -33,9 +34,9 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
                     expected[batch, g, p, q] = conv_weight * torch.relu(acc) + (1 - conv_weight) * mixed[batch, g, p, q]
     with torch.no_grad():
         torch.testing.assert_close(ea(s, prev), expected)
-        # either memory format of the convolution: the same update, handed on contiguous for the softmax
-        for channels_last in (True, False):
-            out = set_evolution_layout(ea, channels_last)(s, prev)
+        # every memory format of the convolution: the same update, handed on contiguous for the softmax
+        for layout in EVOLUTION_LAYOUTS:
+            out = set_evolution_layout(ea, layout)(s, prev)
             torch.testing.assert_close(out, expected)
             assert out.is_contiguous()
 
@@ -43,17 +44,35 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
 def test_the_layout_switch_reaches_the_convolution(monkeypatch):
     ea = AttentionEvolution(3)
     s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
-    convolve, layouts = ea._conv_in_maps_dtype, []
+    convolve, seen = ea._conv_in_maps_dtype, []
 
-    def recording(maps):
-        layouts.append(maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous())
-        return convolve(maps)
+    def recording(maps, weight, bias):
+        seen.append((maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous(),
+                     maps.shape[1], weight.shape[:2]))
+        return convolve(maps, weight, bias)
     monkeypatch.setattr(ea, '_conv_in_maps_dtype', recording)
     with torch.no_grad():
-        for channels_last in (True, False):
-            set_evolution_layout(torch.nn.Sequential(ea), channels_last)  # found inside a model
+        for layout in EVOLUTION_LAYOUTS:
+            set_evolution_layout(torch.nn.Sequential(ea), layout)  # found inside a model
             ea(s, prev)
-    assert layouts == [True, False]
+    assert seen == [(True, 3, (3, 3)), (False, 3, (3, 3)), (True, 8, (8, 8))]  # 3 heads padded to 8 channels
+    with pytest.raises(ValueError, match="layout must be one of \\('channels_last', 'nchw', 'channels_last_padded'\\)"):
+        set_evolution_layout(ea, 'nhwc')
+
+
+def test_padded_channels_train_like_the_others():
+    # gradients through the zero-padded NHWC copy and the sliced output: those of the plain layout
+    grads = []
+    for layout in ('nchw', 'channels_last_padded'):
+        torch.manual_seed(0)
+        ea = set_evolution_layout(AttentionEvolution(6, 0.3, 0.6), layout)
+        s, prev = torch.randn(2, 6, 7, 7, requires_grad=True), torch.randn(2, 6, 7, 7)
+        ea(s, prev).square().sum().backward()
+        grads.append((s.grad, ea.conv.weight.grad, ea.conv.bias.grad))
+    for plain, padded in zip(*grads):
+        torch.testing.assert_close(padded, plain)
+    with torch.no_grad():  # and scripted
+        torch.testing.assert_close(torch.jit.script(ea)(s, prev), ea(s, prev))
 
 
 def _aa(grid, heads=2):

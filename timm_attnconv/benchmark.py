@@ -32,8 +32,8 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
 :mod:`timm_attnconv.layers.attention_kernels`) on one model's weights: img/s, speed over the first kernel named,
 peak memory and ``max |Δ logits|``; a kernel that cannot run on the device (FlexAttention without a CPU backward, a
 dtype it lacks) is listed with the reason instead. ``--evolution-layouts`` times an evolving-attention model with the
-convolution over its attention maps in channels_last (the default, measured faster on CPU) and in NCHW memory format
-(``timm_attnconv.layers.set_evolution_layout``), likewise.
+convolution over its attention maps in channels_last (the default, measured faster on CPU), in NCHW memory format and
+channels_last with the heads zero-padded to 8 channels (``timm_attnconv.layers.set_evolution_layout``), likewise.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -55,7 +55,8 @@ from . import cli
 from .constants import AMP_DTYPES
 from .data import default_data_dir, load_cifar10, normalize
 from .layers import (
-    ATTN_KERNELS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path, set_evolution_layout)
+    ATTN_KERNELS, EVOLUTION_LAYOUTS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path,
+    set_evolution_layout)
 
 __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_kernels',
            'compare_evolution_layouts', 'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call',
@@ -70,8 +71,6 @@ WARMUP_TOLERANCE = 0.05
 MAX_WARMUP = 8
 # the exact algorithms of a separable SA layer, as --paths times them; the first is the reference of the ratios
 EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched')
-# memory formats of an evolving-attention model's convolution over its maps, as --evolution-layouts times them
-EVOLUTION_LAYOUTS = ('channels_last', 'nchw')
 
 
 @contextmanager
@@ -364,9 +363,9 @@ def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels
 def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int, iters: int = 3,
                               **options) -> List[Dict[str, object]]:
     """:func:`compare_variants` over the memory formats of the evolution convolution of an evolving-attention model
-    (``set_evolution_layout``): channels_last (the default) and NCHW, under ``'evolution conv'``."""
-    variants = {layout: functools.partial(set_evolution_layout, channels_last=layout == 'channels_last')
-                for layout in EVOLUTION_LAYOUTS}
+    (``set_evolution_layout``): channels_last (the default), NCHW and channels_last with the heads zero-padded to a
+    multiple of 8 channels, under ``'evolution conv'``."""
+    variants = {layout: functools.partial(set_evolution_layout, layout=layout) for layout in EVOLUTION_LAYOUTS}
     return compare_variants(name, img_size, batch_size, variants, 'evolution conv', iters, **options)
 
 
@@ -515,14 +514,14 @@ def _variants(args: argparse.Namespace, what: str, label: str, variants: Sequenc
               compare: Callable[..., List[Dict[str, object]]]) -> List[Dict[str, object]]:
     # one table of compare_variants rows: each model of --models at each size (default: the model's own)
     print(_header(what, args))
-    print(f"{'model':32s} {'px':>4s} {'batch':>5s} {label:14s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
+    print(f"{'model':32s} {'px':>4s} {'batch':>5s} {label:20s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
             for r in compare(name, size, args.batch_size or 8, iters=args.iters, device=args.device,
                              **_options(args)):
-                head = f"{name:32s} {r['img_size']:4d} {r['batch']:5d} {r[label]:14s}"
+                head = f"{name:32s} {r['img_size']:4d} {r['batch']:5d} {r[label]:20s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
                 else:
@@ -598,7 +597,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'flex; speed is relative to the first)')
     parser.add_argument('--evolution-layouts', action='store_true',
                         help='instead: inference of --models (evolving-attention models) with the convolution over '
-                             'their attention maps in channels_last (the default) and in NCHW memory format')
+                             'their attention maps in channels_last (the default), NCHW and channels_last with the '
+                             'heads zero-padded to a multiple of 8 channels')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')

@@ -2,7 +2,8 @@
 from .attention_interface import AttentionLayer, attention_layers, explicit_attention
 from .augmented_conv import AAConv2d, aa_dims
 from .evolving import (
-    AttentionEvolution, ChainedAAConv2d, ChainedAttention, ChainSlot, EvolvingChain, link_chain, set_evolution_layout)
+    EVOLUTION_LAYOUTS, AttentionEvolution, ChainedAAConv2d, ChainedAttention, ChainSlot, EvolvingChain, link_chain,
+    set_evolution_layout)
 from .position_scores import (
     POSITION_TERMS, LearnedScores, PositionTerm, QuadraticScores, QueryRelativeScores, combine_axis_logits,
     per_query_axis_terms, position_term)

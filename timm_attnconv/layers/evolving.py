@@ -20,7 +20,7 @@ ViT ``Block``) call their attention with ``x`` alone; their EA subclasses keep t
 attention layer through its :class:`ChainSlot` for the duration of one block call.
 """
 import inspect
-from typing import List, Optional, Sequence, Tuple
+from typing import Final, List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -34,14 +34,19 @@ from .attention_kernels import attention_probs
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
-           'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
+           'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
+# memory formats of the convolution over the maps (AttentionEvolution.conv_layout), the default first
+EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded')
+# 'channels_last_padded' pads the heads to a multiple of this many channels
+CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
 TIMM_TESTED = ('1.0.28', '1.0.31')
 
 
 class AttentionEvolution(nn.Module):
     """The EA update of one layer: ``(S, L_prev) → L`` (both ``(B, H, N, N)`` pre-softmax logits)."""
+    channel_multiple: Final[int] = CONV_CHANNEL_MULTIPLE  # a constant TorchScript can read
 
     def __init__(self, num_heads: int, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0,
                  kernel_size: int = 3, device=None, dtype=None):
@@ -52,10 +57,10 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
-        # few channels on a large N×N image: on CPU the convolution alone ran 2.6× faster channels_last, whole
-        # models up to 1.1× (BENCHMARK.md); on a GPU not measured yet, hence the switch (set_evolution_layout)
-        # that the benchmark's --evolution-layouts compares
-        self.channels_last_conv = True
+        # memory format of the convolution over the maps, one of EVOLUTION_LAYOUTS (set_evolution_layout): few
+        # channels on a large N×N image. On CPU the convolution alone ran 2.6× faster channels_last than NCHW, whole
+        # models up to 1.1× (BENCHMARK.md); on a GPU not measured yet: the benchmark's --evolution-layouts compares
+        self.conv_layout = 'channels_last'
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
         nn.init.zeros_(self.conv.bias)
@@ -69,32 +74,59 @@ class AttentionEvolution(nn.Module):
         # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
         # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
         mixed = torch.lerp(logits, prev.to(logits.dtype), self.evolve_residual)
-        if self.channels_last_conv:
+        if self.conv_layout == 'channels_last':
             mixed = mixed.contiguous(memory_format=torch.channels_last)
-        evolved = F.relu(self._conv_in_maps_dtype(mixed), inplace=True)  # the conv's backward needs no output
+        evolved = F.relu(self._convolve(mixed), inplace=True)  # the conv's backward needs no output
         if self.evolve_conv_weight != 1.:
-            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M, in mixed's layout
+            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M
         return evolved.contiguous()  # the layout the softmax over keys wants
 
-    def _conv_in_maps_dtype(self, maps: torch.Tensor) -> torch.Tensor:
+    def _convolve(self, maps: torch.Tensor) -> torch.Tensor:
+        weight, bias = self.conv.weight, self.conv.bias
+        heads = maps.shape[1]
+        if self.conv_layout == 'channels_last_padded':
+            # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads
+            # in EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
+            channels = -(-heads // self.channel_multiple) * self.channel_multiple
+            maps = _zero_padded_channels_last(maps, channels)
+            weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
+            bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
+        return self._conv_in_maps_dtype(maps, weight, bias)[:, :heads]
+
+    def _conv_in_maps_dtype(self, maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+                            ) -> torch.Tensor:
         # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
         # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
         # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
         if torch.jit.is_scripting():
             # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
-            return self.conv(maps).to(maps.dtype)
-        bias = self.conv.bias.to(maps.dtype) if self.conv.bias is not None else None
+            return F.conv2d(maps, weight, bias, padding=self.conv.padding).to(maps.dtype)
+        bias = bias.to(maps.dtype) if bias is not None else None
         with torch.autocast(maps.device.type, enabled=False):
-            return F.conv2d(maps, self.conv.weight.to(maps.dtype), bias, padding=self.conv.padding)
+            return F.conv2d(maps, weight.to(maps.dtype), bias, padding=self.conv.padding)
 
 
-def set_evolution_layout(model: nn.Module, channels_last: bool) -> nn.Module:
-    """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in channels_last
-    (the default) or NCHW memory format: the same results, the faster layout depends on the device. Returns
-    ``model``."""
+def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tensor:
+    # (B, H, N, N) → (B, channels, N, N) in channels_last, the extra channels zero: one pass over the maps, as the
+    # conversion to channels_last alone is
+    batch, heads, height, width = maps.shape
+    padded = torch.empty((batch, channels, height, width), dtype=maps.dtype, device=maps.device,
+                         memory_format=torch.channels_last)
+    padded[:, heads:].zero_()
+    padded[:, :heads].copy_(maps)
+    return padded
+
+
+def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
+    """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in ``layout``,
+    one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'`` or ``'channels_last_padded'``
+    (the heads zero-padded to a multiple of 8 channels). The same results; the faster layout depends on the device.
+    Returns ``model``."""
+    if layout not in EVOLUTION_LAYOUTS:
+        raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():
         if isinstance(module, AttentionEvolution):
-            module.channels_last_conv = channels_last
+            module.conv_layout = layout
     return model
 
 

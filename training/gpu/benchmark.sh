@@ -46,7 +46,7 @@ step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": fal
 rest $B --compile --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 \
   --batch-size 128
 step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
-# the convolution over EA's maps: channels_last (measured faster on CPU) or NCHW on this GPU
+# the convolution over EA's maps on this GPU: channels_last (faster on CPU), NCHW, or the heads padded to 8 channels
 rest $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
 rest $B --compile --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
 # training steps of the CIFAR models the trainer runs (batch 256, 32 px)
