@@ -3,10 +3,11 @@ import copy
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from timm_attnconv.layers import (
-    POSITION_TERMS, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path, set_attn_kernel,
-    set_attn_path)
+    POSITION_TERMS, AttentionEvolution, LearnedScores, PositionalSelfAttention, QuadraticScores, resolve_attn_path,
+    set_attn_kernel, set_attn_path)
 from timm_attnconv.layers import positional_attention
 
 from .kernels import TOL, assert_sdpa_matches_explicit
@@ -268,9 +269,6 @@ def test_autocast_hands_the_kernels_one_copy_of_the_tokens_for_every_head(monkey
 
 def test_an_evolving_chain_under_autocast_writes_no_fp32_map():
     # the bf16 q·k maps of a content layer go to the value product in bf16: no fp32 copy of a (B, heads, N, N) tensor
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from timm_attnconv.layers import AttentionEvolution
-
     class MapDtypes(TorchDispatchMode):
         def __init__(self):
             super().__init__()
@@ -294,7 +292,6 @@ def test_an_evolving_chain_under_autocast_writes_no_fp32_map():
 
 def test_a_bf16_chain_meets_its_fp32_position_maps_in_bf16():
     # position-only logits are formed in at least fp32: the maps are cast to the tokens' dtype for the value product
-    from timm_attnconv.layers import AttentionEvolution
     attn = PositionalSelfAttention(8, 3, position='quadratic', content=False).eval()
     attn.evolve = AttentionEvolution(3)
     x, prev = torch.randn(2, HEIGHT, WIDTH, 8), torch.randn(2, 3, HEIGHT * WIDTH, HEIGHT * WIDTH)

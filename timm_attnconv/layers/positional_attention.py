@@ -272,8 +272,9 @@ class PositionalSelfAttention(AttentionLayer):
         else:
             q, k = self._content_qk(tokens)
             rows, cols, bias = self._position_terms(q, tokens, height, width)
-            # every head's values are the tokens: cast to the queries' dtype once, then viewed per head (stride 0)
-            values = tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
+            # every head's values are the tokens in the queries' dtype, viewed per head (stride 0): the folded keys
+            # (fuse) are that view already
+            values = k if self.k is None else tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
             dropout_p = self.attn_drop.p if self.training else 0.
             kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
             if kernel == 'explicit':

@@ -52,7 +52,8 @@ def main():
     parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='bf16')
     parser.add_argument('--compile', action='store_true')
     parser.add_argument('--batch-size', type=int, default=128)
-    parser.add_argument('--max-warmup', type=int, default=MAX_WARMUP, help='warm-up runs at most (until two timings agree)')
+    parser.add_argument('--max-warmup', type=int, default=MAX_WARMUP,
+                        help='warm-up runs at most (until two timings agree)')
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
     parser.add_argument('--shapes', action='store_true', help='one row per op and input shapes')
