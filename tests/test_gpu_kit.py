@@ -1,11 +1,13 @@
 """The GPU-session scripts of training/gpu, end to end on the CPU: launch a named recipe in the background, wait for
 it with status, collect its parts as the device tool would return them, and join them into a run folder."""
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+import timm
 import torch
 
 from timm_attnconv import benchmark
@@ -94,22 +96,62 @@ def test_op_profile_prints_each_models_time_and_top_ops():
     assert all('Input Shapes' in t and '[[1, ' in t for t in sections)  # --shapes: a row per op and input shape
 
 
-def test_every_benchmark_step_is_a_valid_command(tmp_path):
-    # benchmark.sh with a python3 that writes down its arguments instead of running: each step must parse (models,
-    # flags, combinations), or the GPU minute of that step would go to a usage error
-    fake_bin, calls = tmp_path / 'bin', tmp_path / 'calls.txt'
+def _fake_python3(tmp_path, calls, seconds=0):
+    """A python3 that writes down its arguments (each ending in \\x1f, a call a line) instead of running, and then
+    sleeps SECONDS if it was a benchmark step; PATH and OUT for benchmark.sh with it, DEVICE=cpu."""
+    fake_bin = tmp_path / 'bin'
     fake_bin.mkdir()
-    (fake_bin / 'python3').write_text(f'#!/usr/bin/env bash\nprintf "%s\\037" "$@" >> {calls}; echo >> {calls}\n')
+    (fake_bin / 'python3').write_text(f'#!/usr/bin/env bash\nprintf "%s\\037" "$@" >> {calls}; echo >> {calls}\n'
+                                      f'[ "$2" != timm_attnconv.benchmark ] || sleep {seconds}\n')
     (fake_bin / 'python3').chmod(0o755)
-    env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / 'out'),
-               DEVICE='cpu')  # the parser checks that the device is there
-    kit('benchmark.sh', '--quick', env=env)
-    steps = [line.split('\x1f')[:-1] for line in calls.read_text().splitlines()]  # each argument ends in \x1f
-    steps = [argv[2:] for argv in steps if argv[:2] == ['-m', 'timm_attnconv.benchmark']]
+    return dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / 'out'),
+                BENCH_PID=str(tmp_path / 'benchmark.pid'), RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'c.txt'),
+                DEVICE='cpu')  # the parsers check that the device is there
+
+
+def test_every_benchmark_step_is_a_valid_command(tmp_path):
+    # each step of benchmark.sh must parse (models, flags, combinations), or the GPU minute of that step would go to
+    # a usage error
+    calls = tmp_path / 'calls.txt'
+    kit('benchmark.sh', '--quick', '--profile', env=_fake_python3(tmp_path, calls))
+    argvs = [line.split('\x1f')[:-1] for line in calls.read_text().splitlines()]
+    steps = [argv[2:] for argv in argvs if argv[:2] == ['-m', 'timm_attnconv.benchmark']]
     assert len(steps) >= 15 and any('--evolution-layouts' in argv for argv in steps)
     for argv in steps:
         args = benchmark.parse_args(argv)
         assert args.device == 'cpu' and args.amp == 'bf16' and args.iters == 2, argv
+    spec = importlib.util.spec_from_file_location('op_profile', os.path.join(KIT, 'op_profile.py'))
+    op_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(op_profile)
+    profiles = [op_profile.parse_args(argv[1:]) for argv in argvs if argv[0] == 'training/gpu/op_profile.py']
+    assert [args.compile for args in profiles] == [False, True]
+    for args in profiles:
+        assert args.device == 'cpu' and args.shapes
+        assert all(name in timm.list_models() for name, _ in args.models), args.models
+        for name, kwargs in args.models:
+            if kwargs:  # the model takes them
+                timm.create_model(name, **kwargs)
+    assert ('ea_aa_resnet50', {'evolve': False}) in profiles[0].models
+
+
+def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_it(tmp_path):
+    # steps of 2 s against a budget of 3 s: the first runs, the second is cut at what is left, the rest are skipped
+    # and say so, and each step that ran says how long it took; status.sh waits while it runs
+    calls = tmp_path / 'calls.txt'
+    env = _fake_python3(tmp_path, calls, seconds=2)
+    bench = subprocess.Popen(['bash', os.path.join(KIT, 'benchmark.sh'), '--quick', '--budget', '3'], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    status = kit('status.sh', '60', env=env)
+    assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
+        'skipped (the budget of 3 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
+        '--train --models sa_quadratic_cifar sa_learned_content_cifar aa_resnet20_cifar --batch-size 256\n')
+    printed = bench.communicate()[0]
+    assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
+    ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
+    skipped = [line for line in printed.splitlines() if line.startswith('skipped (the budget of 3 s is spent): ')]
+    assert 1 <= len(ran) <= 2 and len(ran) + len(skipped) >= 15
+    assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
+    assert '\n(2 s)\n' in printed or '\n(3 s)\n' in printed
 
 
 def test_prepare_and_receive_cifar10(tmp_path):

@@ -1,54 +1,79 @@
 #!/usr/bin/env bash
 # On the GPU machine, before any training starts (a busy GPU makes every ratio meaningless): every comparison of
 # issue 18 in one go, bf16 autocast, interleaved sides, eager and compiled. Prints to stdout and to $OUT/benchmark.txt
-# (or ./benchmark.txt). Each step is cut at 90 s (a compiled one at 150 s), so it outlasts one 10-minute call: start it
-# in the background and collect the file. The steps of session 25 took 6 minutes on an H100 (2026-11-25;
-# training/gpu/results/); --rest runs only the steps that session could not measure (marked "rest").
-# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--rest] [--quick] > /tmp/benchmark.out 2>&1 &
-#        (--quick: 2 repetitions)
+# (or ./benchmark.txt), each step followed by the seconds it took. The steps of the issue's targets come first, then
+# the ones that explain them. Each step is cut at 90 s (a compiled one at 150 s), so the whole outlasts one 10-minute
+# call: start it in the background and collect the file.
+#   --profile         op profiles into profile.txt: first the models that miss the targets and their bases, eager;
+#                     last (compiled) AA-ResNet-50 and ResNet-50
+#   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
+#   --quick           2 repetitions instead of 10
+# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--quick] > /tmp/b.out 2>&1 &
 set -uo pipefail
-iters=10; rest_only=0
-for arg in "$@"; do
-  case $arg in --quick) iters=2;; --rest) rest_only=1;; *) echo "unknown option $arg" >&2; exit 2;; esac
+iters=10; profile=0; budget=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) iters=2;;
+    --profile) profile=1;;
+    --budget) budget=${2:?--budget needs a number of seconds}; shift;;
+    *) echo "unknown option $1" >&2; exit 2;;
+  esac
+  shift
 done
-mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt
+mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt; profile_out=${OUT:-.}/profile.txt
+printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh waits while this pid runs
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
-run_step() { local limit=$1; shift; echo "\$ $*" | tee -a "$out"; timeout "$limit" "$@" 2>&1 | tee -a "$out"; }
-step() { [ $rest_only = 1 ] || run_step 90 "$@"; }                  # measured in session 25
-rest() { case " $* " in *" --compile "*) run_step 150 "$@";; *) run_step 90 "$@";; esac; }   # not yet
+P="python3 training/gpu/op_profile.py --device ${DEVICE:-cuda} --shapes"
+run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150 s) or at what is left of the budget
+  local file=$1 limit=90 started=$SECONDS; shift
+  case " $* " in *" --compile "*) limit=150;; esac
+  if [ "$budget" -gt 0 ]; then
+    if [ $((budget - SECONDS)) -le 0 ]; then echo "skipped (the budget of $budget s is spent): $*" | tee -a "$file"; return; fi
+    [ $((budget - SECONDS)) -ge $limit ] || limit=$((budget - SECONDS))
+  fi
+  echo "\$ $*" | tee -a "$file"
+  timeout "$limit" "$@" 2>&1 | tee -a "$file"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ]; then echo "(cut at $limit s)" | tee -a "$file"; else echo "($((SECONDS - started)) s)" | tee -a "$file"; fi
+}
+step() { run_to "$out" "$@"; }
 : > "$out"
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$out"
+if [ $profile = 1 ]; then  # where the time of the models that miss the targets goes, op by op, beside their bases
+  : > "$profile_out"
+  run_to "$profile_out" $P aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ea_aa_resnet50 \
+    deit_ea_small_patch16_224 deit_small_patch16_224
+fi
 DENSE='{"attn_path": "dense"}'
-# SA: the paths 'auto' chooses between, at the three grid sizes (item 1), then the default against dense
-step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
+# the targets: SA's default path against dense at 32, 64, 96 px, eager and compiled (one size per compiled step: each
+# side compiles), and against the original algorithm (dense, unfolded) at 96 px
 for c in "" --compile; do
   step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 32 --batch-size 256
 done
-# the fast path (auto, projections folded) against the original algorithm (dense, unfolded) at 96 px: ≥ 1.5× asked
-rest $B --models sa_quadratic_cifar sa_learned_cifar --sizes 96 --batch-size 64 --bf16-model ''
-for px in 64 96; do  # compiled at the larger grids too, one size per step (each side compiles)
-  rest $B --compile --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes $px \
+step $B --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 64 96 --batch-size 64
+for px in 64 96; do
+  step $B --compile --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes $px \
     --batch-size 64
 done
-# fused relative-position kernels (item 2) and the AA / EA pairs against their peers (item 3)
-step $B --kernels --models aa_resnet50 --batch-size 128
-rest $B --kernels --models sa_learned_content_cifar --batch-size 128
-# the content model's inference form (keys folded into the queries) against the original, batch 256: its memory target
-rest $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-model ''
+step $B --models sa_quadratic_cifar sa_learned_cifar --sizes 96 --batch-size 64 --bf16-model ''
+# AA-ResNet-50 against ResNet-50, also both in channels_last (the memory format timm's scripts run ResNets in on GPUs)
 for c in "" --compile; do
   step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+  step $B $c --channels-last --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
 done
-for c in "" --compile; do  # the memory format timm's scripts run convolutional nets in on GPUs (--channels-last)
-  rest $B $c --channels-last --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+# the EA models against their bases
+for c in "" --compile; do
+  step $B $c --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
+  step $B $c --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
 done
-step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
-rest $B --compile --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 \
-  --batch-size 128
-step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
-# the convolution over EA's maps on this GPU: channels_last (faster on CPU), NCHW, or the heads padded to 8 channels
-rest $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
-rest $B --compile --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
-# training steps of the CIFAR models the trainer runs (batch 256, 32 px)
-step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
-rest $B --train --models aa_resnet20_cifar --batch-size 256
+# the content model's inference form (keys folded into the queries) against the original, batch 256: its memory target
+step $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-model ''
+# what explains them: the paths 'auto' chooses between, the attention kernels, the layout of EA's map convolution
+# (channels_last, faster on CPU; NCHW; the heads padded to 8 channels), training steps at batch 256, 32 px
+step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
+step $B --kernels --models aa_resnet50 --batch-size 128
+step $B --kernels --models sa_learned_content_cifar --batch-size 128
+step $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
+step $B --train --models sa_quadratic_cifar sa_learned_content_cifar aa_resnet20_cifar --batch-size 256
+[ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50

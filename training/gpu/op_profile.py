@@ -45,7 +45,8 @@ def profile(name, kwargs, args):
     print(prof.key_averages(group_by_input_shape=args.shapes).table(sort_by=sort_by, row_limit=args.top), flush=True)
 
 
-def main():
+def parse_args(argv=None):
+    """The command line (``argv``, default ``sys.argv[1:]``); ``benchmark.sh --profile`` is tested against it."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('models', nargs='+', type=_model_and_kwargs, metavar='MODEL[:JSON]')
     parser.add_argument('--device', default='cuda')
@@ -57,7 +58,11 @@ def main():
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
     parser.add_argument('--shapes', action='store_true', help='one row per op and input shapes')
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    args = parse_args()
     tune_for_device(args.device)  # as the benchmark and the trainer do
     print(f'torch {torch.__version__}, timm {timm.__version__}, '
           f'{torch.cuda.get_device_name() if args.device == "cuda" else args.device}')
