@@ -83,15 +83,16 @@ class AttentionEvolution(nn.Module):
 
     def _convolve(self, maps: torch.Tensor) -> torch.Tensor:
         weight, bias = self.conv.weight, self.conv.bias
+        if self.conv_layout != 'channels_last_padded':
+            # no slice of all channels: torch 2.8's ONNX exporter (onnxscript 0.6.1) failed on that no-op
+            return self._conv_in_maps_dtype(maps, weight, bias)
+        # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads in
+        # EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
         heads = maps.shape[1]
-        if self.conv_layout == 'channels_last_padded':
-            # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads
-            # in EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
-            channels = -(-heads // self.channel_multiple) * self.channel_multiple
-            maps = _zero_padded_channels_last(maps, channels)
-            weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
-            bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
-        return self._conv_in_maps_dtype(maps, weight, bias)[:, :heads]
+        channels = -(-heads // self.channel_multiple) * self.channel_multiple
+        weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
+        bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
+        return self._conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias)[:, :heads]
 
     def _conv_in_maps_dtype(self, maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                             ) -> torch.Tensor:
