@@ -28,13 +28,14 @@ run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150
   local file=$1 limit=90 started=$SECONDS; shift
   case " $* " in *" --compile "*) limit=150;; esac
   if [ "$budget" -gt 0 ]; then
-    if [ $((budget - SECONDS)) -le 0 ]; then echo "skipped (the budget of $budget s is spent): $*" | tee -a "$file"; return; fi
-    [ $((budget - SECONDS)) -ge $limit ] || limit=$((budget - SECONDS))
+    local left=$((budget - SECONDS))
+    if [ $left -le 0 ]; then echo "skipped (the budget of $budget s is spent): $*" | tee -a "$file"; return; fi
+    [ $left -ge $limit ] || limit=$left
   fi
   echo "\$ $*" | tee -a "$file"
   timeout "$limit" "$@" 2>&1 | tee -a "$file"
   local rc=${PIPESTATUS[0]}
-  if [ "$rc" = 124 ]; then echo "(cut at $limit s)" | tee -a "$file"; else echo "($((SECONDS - started)) s)" | tee -a "$file"; fi
+  if [ "$rc" = 124 ]; then echo "(cut at $limit s)"; else echo "($((SECONDS - started)) s)"; fi | tee -a "$file"
 }
 step() { run_to "$out" "$@"; }
 : > "$out"
@@ -75,5 +76,6 @@ step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --
 step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
 step $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
-step $B --train --models sa_quadratic_cifar sa_learned_content_cifar aa_resnet20_cifar --batch-size 256
+step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
+step $B --train --models aa_resnet20_cifar --batch-size 256
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50
