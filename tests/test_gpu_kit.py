@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import timm
@@ -141,6 +142,11 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     env = _fake_python3(tmp_path, calls, seconds=2)
     bench = subprocess.Popen(['bash', os.path.join(KIT, 'benchmark.sh'), '--quick', '--budget', '3'], env=env,
                              stdout=subprocess.PIPE, text=True)
+    pid_file = tmp_path / 'benchmark.pid'
+    for _ in range(100):  # status.sh finds the benchmark by the pid it writes first
+        if pid_file.exists():
+            break
+        time.sleep(0.1)
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
         'skipped (the budget of 3 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
