@@ -175,9 +175,14 @@ class PositionalSelfAttention(AttentionLayer):
         if self.q is None:  # a constant for TorchScript, which then skips the branch
             raise RuntimeError('this attention layer has no content term (content=False)')
         q = self.q(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
-        if self.k is None:  # in q's dtype before the expand: a cast after it (autocast) would copy it once per head
-            return q, tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
+        if self.k is None:
+            return q, self._tokens_per_head(tokens, q.dtype)
         return q, self.k(tokens).reshape(batch, num_tokens, self.num_heads, dim).transpose(1, 2)
+
+    def _tokens_per_head(self, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # (B, N, D) → (B, heads, N, D), a stride-0 view; cast before the expand: a cast after it (autocast) would copy
+        # the tokens once per head
+        return tokens.to(dtype)[:, None].expand(-1, self.num_heads, -1, -1)
 
     def _position_bias(self, height: int, width: int) -> torch.Tensor:
         # input-independent position logits (1, heads, N, N)
@@ -274,7 +279,7 @@ class PositionalSelfAttention(AttentionLayer):
             rows, cols, bias = self._position_terms(q, tokens, height, width)
             # every head's values are the tokens in the queries' dtype, viewed per head (stride 0): the folded keys
             # (fuse) are that view already
-            values = k if self.k is None else tokens.to(q.dtype)[:, None].expand(batch, self.num_heads, num_tokens, dim)
+            values = k if self.k is None else self._tokens_per_head(tokens, q.dtype)
             dropout_p = self.attn_drop.p if self.training else 0.
             kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
             if kernel == 'explicit':
