@@ -3,6 +3,7 @@ it with status, collect its parts as the device tool would return them, and join
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -136,11 +137,12 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
 
 
 def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_it(tmp_path):
-    # steps of 2 s against a budget of 3 s: the first runs, the second is cut at what is left, the rest are skipped
-    # and say so, and each step that ran says how long it took; status.sh waits while it runs
+    # steps of 2 s against a budget of 5 s: the first (eager) runs, the second (compiled) is skipped as it would be
+    # cut while compiling, the next eager ones run until the budget is spent (the last cut at what is left), the rest
+    # are skipped and say so, and each step that ran says how long it took; status.sh waits while it runs
     calls = tmp_path / 'calls.txt'
     env = _fake_python3(tmp_path, calls, seconds=2)
-    bench = subprocess.Popen(['bash', os.path.join(KIT, 'benchmark.sh'), '--quick', '--budget', '3'], env=env,
+    bench = subprocess.Popen(['bash', os.path.join(KIT, 'benchmark.sh'), '--quick', '--budget', '5'], env=env,
                              stdout=subprocess.PIPE, text=True)
     pid_file = tmp_path / 'benchmark.pid'
     for _ in range(100):  # status.sh finds the benchmark by the pid it writes first
@@ -149,13 +151,16 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
         time.sleep(0.1)
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
-        'skipped (the budget of 3 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
+        'skipped (the budget of 5 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
         '--train --models aa_resnet20_cifar --batch-size 256\n')
     printed = bench.communicate()[0]
     assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
     ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
-    skipped = [line for line in printed.splitlines() if line.startswith('skipped (the budget of 3 s is spent): ')]
-    assert 1 <= len(ran) <= 2 and len(ran) + len(skipped) >= 15
+    skipped = [line for line in printed.splitlines() if line.startswith('skipped (the budget of 5 s is spent): ')]
+    too_late = re.compile(r'skipped \(\d s of the budget left, under the 60 s a compiled step gets\): ')
+    too_late_to_compile = [line for line in printed.splitlines() if too_late.match(line)]
+    assert '--compile' not in ''.join(ran) and all('--compile' in line for line in too_late_to_compile)
+    assert too_late_to_compile and 1 <= len(ran) <= 3 and len(ran) + len(skipped) + len(too_late_to_compile) >= 15
     assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
     assert '\n(2 s)\n' in printed or '\n(3 s)\n' in printed
 

@@ -7,6 +7,7 @@
 #   --profile         op profiles into profile.txt: first the models that miss the targets and their bases, eager;
 #                     last (compiled) AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
+#                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
 #   --quick           2 repetitions instead of 10
 # Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--quick] > /tmp/b.out 2>&1 &
 set -uo pipefail
@@ -24,12 +25,17 @@ mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt; profile_out=${OUT:-.}/profile
 printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh waits while this pid runs
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
 P="python3 training/gpu/op_profile.py --device ${DEVICE:-cuda} --shapes"
+compiled_min=60  # the least budget a compiled step starts with: compiling both sides alone can take most of it
 run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150 s) or at what is left of the budget
   local file=$1 limit=90 started=$SECONDS; shift
   case " $* " in *" --compile "*) limit=150;; esac
   if [ "$budget" -gt 0 ]; then
     local left=$((budget - SECONDS))
     if [ $left -le 0 ]; then echo "skipped (the budget of $budget s is spent): $*" | tee -a "$file"; return; fi
+    if [ $limit -gt 90 ] && [ $left -lt $compiled_min ]; then  # it would be cut while compiling: leave it to eager ones
+      echo "skipped ($left s of the budget left, under the $compiled_min s a compiled step gets): $*" | tee -a "$file"
+      return
+    fi
     [ $left -ge $limit ] || limit=$left
   fi
   echo "\$ $*" | tee -a "$file"
