@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from timm_attnconv import attention_maps, prune_degenerate_heads
-from timm_attnconv.analysis import conv_likeness, degenerate_heads
+from timm_attnconv.analysis import conv_likeness, degenerate_heads, head_degeneracy, heads_to_prune
 from timm_attnconv.theory import conv_to_attention
 
 FAMILIES = [('sa_quadratic_tiny_cifar', {}, 32, 6), ('sa_learned_content_tiny_cifar', {}, 32, 6),
@@ -83,6 +83,40 @@ def test_prune_degenerate_heads_removes_only_their_contribution():
         prune_degenerate_heads(timm.create_model('sa_learned_tiny_cifar'))
 
 
+def test_prune_to_given_head_counts_drops_the_most_degenerate_heads_first():
+    # the paper's pruned model has fixed head counts that another run's criterion need not give: num_heads keeps that
+    # many per layer, ranked by how far each head has gone towards the criterion (above 1: degenerate)
+    model = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
+    with torch.no_grad():
+        for head, spread in enumerate([[[1., 0.], [0., 1.]], [[1., 0.], [0., 3e-2]], [[1., 0.], [0., 0.1]],
+                                       [[1., 0.], [0., 0.5]]]):  # cond(SᵀS) 1, ≈ 1.1e3, 100, 4
+            model.blocks[0].attn.pos.spreads[head] = torch.tensor(spread)
+        model.blocks[1].attn.pos.spreads[:] = torch.eye(2)
+        model.blocks[1].attn.pos.spreads[2] = torch.tensor([[3e-3, 0.], [0., 2e-3]])  # λ_max(SᵀS) = 9e-6
+    torch.testing.assert_close(head_degeneracy(model.blocks[0].attn.pos),
+                               torch.tensor([1e-3, 1 / 9e-4 / 1e3, 0.1, 4e-3], dtype=torch.float64))
+    assert [d > 1 for d in head_degeneracy(model.blocks[1].attn.pos).tolist()] == [False, False, True, False]
+    assert heads_to_prune(model) == {0: [1], 1: [2]}  # the criterion's heads, as the original code pruned
+    assert heads_to_prune(model, num_heads=(2, 3)) == {0: [1, 2], 1: [2]}
+    assert heads_to_prune(model, num_heads=(4, 4)) == {0: [], 1: []}  # a degenerate head kept when the count says so
+    x = torch.randn(2, 3, 32, 32)
+    reference = timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=4).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert prune_degenerate_heads(model, num_heads=(2, 3)) == (2, 3) == model.num_heads
+        for layer, heads in ((0, (1, 2)), (1, (2,))):
+            for head in heads:
+                reference.blocks[layer].attn.proj_heads.weight[:, 16 * head:16 * (head + 1)] = 0
+        torch.testing.assert_close(model(x), reference(x))
+    timm.create_model('sa_quadratic_gen_cifar', embed_dim=16, mlp_dim=16, depth=2, num_heads=(2, 3)).load_state_dict(
+        model.state_dict())
+    for counts in ((2,), (2, 5), (0, 3)):
+        with pytest.raises(ValueError, match=r'does not fit a model with \(2, 3\) heads per layer'):
+            heads_to_prune(model, num_heads=counts)
+    with pytest.raises(ValueError, match='either heads'):
+        prune_degenerate_heads(model, heads={0: [0]}, num_heads=(1, 1))
+
+
 def test_prune_report_counts_what_went(tmp_path):
     from timm_attnconv.analysis import prune_report
     from timm_attnconv.prune import main
@@ -91,6 +125,7 @@ def test_prune_report_counts_what_went(tmp_path):
         model.blocks[0].attn.pos.spreads[1] = torch.tensor([[1e-4, 0.], [0., 1.]])
     report = prune_report(model)
     assert report['before']['heads'] == [4, 4] and report['after']['heads'] == [3, 4] == report['num_heads']
+    assert report['pruned'] == report['degenerate'] == {0: [1], 1: []}
     # one head: its centre (2), spread matrix (4) and value map (16 x 16 columns of proj_heads)
     assert report['before']['params'] - report['after']['params'] == 2 + 4 + 16 * 16
     assert report['after']['macs'] < report['before']['macs']
@@ -99,3 +134,6 @@ def test_prune_report_counts_what_went(tmp_path):
     from safetensors.torch import load_file
     timm.create_model('sa_quadratic_tiny_cifar', num_heads=tuple(out['num_heads'])).load_state_dict(
         load_file(tmp_path / 'p.st'))
+    out = main(['--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--num-heads', '9,8,9,9,9,7'])
+    assert out['num_heads'] == [9, 8, 9, 9, 9, 7] and [len(out['pruned'][i]) for i in range(6)] == [0, 1, 0, 0, 0, 2]
+    assert out['degenerate'] == {i: [] for i in range(6)} and out['before']['params'] > out['after']['params']

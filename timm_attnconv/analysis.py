@@ -12,7 +12,7 @@
   params and MACs before and after, and ``python -m timm_attnconv.prune`` runs it on a trained model.
 """
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -20,7 +20,7 @@ import torch.nn as nn
 from .layers import PositionalSelfAttention, QuadraticScores, attention_layers, explicit_attention
 
 __all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads',
-           'prune_degenerate_heads', 'prune_report']
+           'head_degeneracy', 'heads_to_prune', 'prune_degenerate_heads', 'prune_report']
 
 
 def has_attention(model: nn.Module) -> bool:
@@ -99,6 +99,20 @@ def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
     return '\n'.join([header, '|' + '---|' * (heads + 1)] + rows)
 
 
+def head_degeneracy(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e3) -> torch.Tensor:
+    """Per head of a quadratic layer, how far it has gone towards the criterion of :func:`degenerate_heads`:
+    ``min_eig / λ_max`` and, for generalized heads, ``cond / max_cond``, whichever is larger (``(heads,)``, float64).
+    A head is degenerate exactly where this exceeds 1; below, it ranks the heads to prune first when a layer must
+    lose more heads than the criterion names (:func:`prune_degenerate_heads` with ``num_heads``)."""
+    tiny = torch.finfo(torch.float64).tiny
+    s = scores.spreads.detach().double()
+    if scores.isotropic:  # Σ⁻¹ = σ² I: both eigenvalues σ², condition number 1
+        return min_eig / s.pow(2).clamp_min(tiny)
+    eig = torch.linalg.eigvalsh(s.transpose(-1, -2) @ s)  # ascending, real: SᵀS is symmetric
+    cond = eig[:, 1] / eig[:, 0].clamp_min(tiny)
+    return torch.maximum(min_eig / eig[:, 1].clamp_min(tiny), cond / max_cond)
+
+
 def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: float = 1e3) -> List[int]:
     """Heads of a quadratic layer whose Gaussian has degenerated, by the criterion of the code behind Cordonnier et
     al. (2020, §4.1: the pruned model of Table 1; its ``find_degenerated_heads``) with its thresholds as defaults.
@@ -107,31 +121,58 @@ def degenerate_heads(scores: QuadraticScores, min_eig: float = 1e-5, max_cond: f
     as that code's ``Σ⁻¹`` for this test: its largest eigenvalue below ``min_eig`` (spread everywhere) or its
     condition number above ``max_cond`` (attention along a line).
     """
-    if scores.isotropic:
-        return [h for h, s in enumerate(scores.spreads.detach().pow(2).tolist()) if s < min_eig]
-    s = scores.spreads.detach()
-    eig = torch.linalg.eigvalsh(s.transpose(-1, -2) @ s)  # ascending, real: SᵀS is symmetric
-    cond = eig[:, 1] / eig[:, 0].clamp_min(torch.finfo(eig.dtype).tiny)
-    return [h for h in range(s.shape[0]) if eig[h, 1] < min_eig or cond[h] > max_cond]
+    return [h for h, value in enumerate(head_degeneracy(scores, min_eig, max_cond).tolist()) if value > 1]
+
+
+def _quadratic_layers(model: nn.Module) -> List[PositionalSelfAttention]:
+    layers = [m for m in model.modules() if isinstance(m, PositionalSelfAttention)]
+    if not layers or not all(isinstance(m.pos, QuadraticScores) for m in layers):
+        raise ValueError('pruning of degenerate heads applies to quadratic-encoding SA models only')
+    return layers
+
+
+def heads_to_prune(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
+                   num_heads: Optional[Sequence[int]] = None) -> Dict[int, List[int]]:
+    """``{layer index: [head, …]}``, the heads of each SA layer of ``model`` to prune.
+
+    * By default those the criterion names (:func:`degenerate_heads`), as the original code pruned: a layer keeps
+      however many are left.
+    * ``num_heads`` (one count per layer): each layer keeps that many, the most degenerate pruned first
+      (:func:`head_degeneracy`), e.g. ``(7, 5, 8, 7, 3, 9)``, the heads of the paper's pruned model
+      (``sa_quadratic_gen_pruned_cifar``), which another run's criterion need not give.
+    """
+    layers = _quadratic_layers(model)
+    if num_heads is None:
+        return {i: degenerate_heads(layer.pos, min_eig, max_cond) for i, layer in enumerate(layers)}
+    num_heads, have = tuple(num_heads), tuple(layer.num_heads for layer in layers)
+    if len(num_heads) != len(layers) or not all(0 < n <= h for n, h in zip(num_heads, have)):
+        raise ValueError(f'num_heads={num_heads} does not fit a model with {have} heads per layer: give one count '
+                         f'per layer, each from 1 to the heads it has')
+    ranked = [head_degeneracy(layer.pos, min_eig, max_cond).argsort(descending=True, stable=True) for layer in layers]
+    return {i: sorted(order[:h - n].tolist()) for i, (order, h, n) in enumerate(zip(ranked, have, num_heads))}
 
 
 @torch.no_grad()
 def prune_degenerate_heads(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
-                           heads: Optional[Dict[int, List[int]]] = None) -> Tuple[int, ...]:
+                           heads: Optional[Dict[int, List[int]]] = None,
+                           num_heads: Optional[Sequence[int]] = None) -> Tuple[int, ...]:
     """Remove degenerate quadratic heads from every SA layer of ``model``, in place; return heads per layer.
 
     A pruned head loses its row of ``pos.centers`` / ``pos.spreads`` and its ``D`` input columns of ``proj_heads``
     (its value map), as the original code did; everything else is untouched, so the output changes only by the
-    pruned heads' contributions. ``heads`` (``{layer index: [head, …]}``) overrides the criterion. The result loads
-    into a model built with ``num_heads=<returned tuple>`` (e.g. ``sa_quadratic_gen_pruned_cifar``).
+    pruned heads' contributions. Which heads go: :func:`heads_to_prune` (the criterion's, or with ``num_heads`` the
+    most degenerate down to those counts), or ``heads`` (``{layer index: [head, …]}``) exactly. The result loads into
+    a model built with ``num_heads=<returned tuple>``.
     """
-    layers = [m for m in model.modules() if isinstance(m, PositionalSelfAttention)]
-    if not layers or not all(isinstance(m.pos, QuadraticScores) for m in layers):
-        raise ValueError('pruning of degenerate heads applies to quadratic-encoding SA models only')
+    layers = _quadratic_layers(model)
+    if heads is not None and num_heads is not None:
+        raise ValueError('pass either heads (which to prune) or num_heads (how many to keep), not both')
+    if heads is None:
+        heads = heads_to_prune(model, min_eig, max_cond, num_heads)
     counts = []
     for index, layer in enumerate(layers):
-        drop = heads.get(index, []) if heads is not None else degenerate_heads(layer.pos, min_eig, max_cond)
-        keep = [h for h in range(layer.num_heads) if h not in set(drop)]
+        drop = set(heads.get(index, []))
+        keep = [h for h in range(layer.num_heads) if h not in drop]
         if not keep:
             raise ValueError(f'layer {index}: every head would be pruned; relax min_eig / max_cond')
         if len(keep) < layer.num_heads:
@@ -157,9 +198,11 @@ def _keep_heads(layer: PositionalSelfAttention, keep: List[int]) -> None:
     layer.num_heads = len(keep)
 
 
-def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3) -> Dict[str, Any]:
+def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
+                 num_heads: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """:func:`prune_degenerate_heads` on ``model`` (in place), with heads per layer, params and MACs (fvcore, one
-    image at the cfg's size) before and after."""
+    image at the cfg's size) before and after, the heads pruned (``{layer: [head, …]}``, indices before pruning) and
+    the ones the criterion names (the same without ``num_heads``)."""
     from .flops import count_macs
     x = torch.zeros(1, *model.pretrained_cfg['input_size'])
 
@@ -168,6 +211,7 @@ def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3)
         return dict(heads=heads, params=sum(p.numel() for p in model.parameters()), macs=count_macs(model.eval(), x))
 
     before = measure()
-    counts = prune_degenerate_heads(model, min_eig, max_cond)
-    return dict(before=before, after=measure(), num_heads=list(counts))
-
+    degenerate = heads_to_prune(model, min_eig, max_cond)
+    pruned = heads_to_prune(model, min_eig, max_cond, num_heads)
+    counts = prune_degenerate_heads(model, heads=pruned)
+    return dict(before=before, after=measure(), num_heads=list(counts), pruned=pruned, degenerate=degenerate)

@@ -135,6 +135,9 @@ non_negative_int = _checked(int, lambda v: v >= 0, 'a whole number ≥ 0', _is_i
 positive_float = _checked(float, lambda v: 0 < v < math.inf, 'a finite number > 0', _is_number)
 non_negative_float = _checked(float, lambda v: 0 <= v < math.inf, 'a finite number ≥ 0', _is_number)
 probability = _checked(float, lambda v: 0 <= v < 1, 'a number in [0, 1)', _is_number)
+positive_ints = _checked(lambda text: tuple(int(part) for part in text.split(',')), lambda v: all(n >= 1 for n in v),
+                         'whole numbers ≥ 1 separated by commas, such as 7,5,8,7,3,9',
+                         lambda v: isinstance(v, (tuple, list)) and all(map(_is_int, v)))
 json_object = _checked(json.loads, lambda v: isinstance(v, dict), 'a JSON object such as \'{"drop_rate": 0.1}\'',
                        _is_json)
 

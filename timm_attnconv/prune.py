@@ -3,8 +3,12 @@ params and MACs before and after.
 
     python -m timm_attnconv.prune --model sa_quadratic_tiny_cifar --pretrained --out pruned.safetensors
     python -m timm_attnconv.prune --model sa_quadratic_gen_cifar --checkpoint RUN/last.pth.tar --max-cond 1e4
+    python -m timm_attnconv.prune --model sa_quadratic_gen_cifar.c10 --pretrained --num-heads 7,5,8,7,3,9 --out p.st
 
-The pruned weights load into ``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
+By default the heads the criterion names go, as in the original code; ``--num-heads`` instead keeps that many per
+layer, the most degenerate pruned first (the paper's counts give ``sa_quadratic_gen_pruned_cifar``'s layout). The
+report lists the heads pruned and those the criterion names, per layer. The pruned weights load into
+``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
 """
 from typing import Any, Dict, Optional, Sequence
 
@@ -22,11 +26,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                         help="prune a head whose inverse covariance's largest eigenvalue is below this")
     parser.add_argument('--max-cond', type=cli.positive_float, default=1e3,
                         help='prune a generalized head whose covariance condition number is above this')
+    parser.add_argument('--num-heads', type=cli.positive_ints, default=None,
+                        help='keep this many heads per layer (comma-separated, one count per layer), pruning the most '
+                             'degenerate first, instead of the heads the criterion names')
     parser.add_argument('--out', default=None, help='write the pruned weights here (safetensors)')
     parser.add_argument('--json', default=None, help='also write the report to this file')
     args = parser.parse_args(argv)
     model = cli.load_model(args)
-    report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond))
+    report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond, args.num_heads))
     if args.out:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
                   metadata={'num_heads': str(tuple(report['num_heads']))})
