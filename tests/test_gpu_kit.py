@@ -74,6 +74,44 @@ def test_a_run_whose_compile_fails_trains_on_without_it(tmp_path, synthetic_cifa
     assert 'InductorError' in log and 'launch.sh: torch.compile failed; training on without it' in log
 
 
+def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(tmp_path):
+    # prune.py here, on the staged weights: down to the registered pruned model's heads, the most degenerate first
+    # (the criterion itself names one head of this run), in float16 as staged, so that the file loads as it is
+    env = dict(os.environ, PYTHONPATH=os.path.join(KIT, '..', '..'), OMP_NUM_THREADS='1')
+    carried = tmp_path / 'runs' / 'sa_quadratic_gen_pruned_cifar'
+    subprocess.run([sys.executable, os.path.join(KIT, 'prune.py'), 'sa_quadratic_gen_cifar.c10', str(carried),
+                    '--half'], env=env, capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads((carried / 'pruning.json').read_text())
+    assert json.loads((carried / 'heads.json').read_text()) == report['num_heads'] == [7, 5, 8, 7, 3, 9]
+    assert report['degenerate'] == {'0': [], '1': [], '2': [], '3': [], '4': [], '5': [0]}
+    assert [len(heads) for heads in report['pruned'].values()] == [2, 4, 1, 2, 6, 0]
+    from safetensors.torch import load_file
+    weights = load_file(carried / 'pruned.safetensors')
+    assert all(v.dtype == torch.float16 for v in weights.values() if v.is_floating_point())
+    timm.create_model('sa_quadratic_gen_pruned_cifar').load_state_dict(weights)
+    # launch.sh fine-tunes the carried weights (no generalized run on this machine), a tenth of the SA recipe's LR
+    calls = tmp_path / 'calls.txt'
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
+    env = dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data'))
+    kit('launch.sh', 'sa_quadratic_gen_pruned_cifar', env=env)
+    for _ in range(100):
+        if calls.exists() and calls.read_text():
+            break
+        time.sleep(0.1)
+    argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
+    option = dict(zip(argv, argv[1:]))  # each option's last value, the one the trainer takes
+    assert argv[:2] == ['-m', 'timm_attnconv.train'] and option['--model'] == 'sa_quadratic_gen_pruned_cifar'
+    assert json.loads(option['--model-kwargs']) == {'num_heads': [7, 5, 8, 7, 3, 9]}
+    assert option['--init-from'] == str(carried / 'pruned.safetensors')
+    assert option['--lr'] == '1e-4' and option['--epochs'] == '30' and option['--device'] == 'cuda'
+    # neither carried weights nor a finished generalized run: launch.sh says what to do
+    failed = subprocess.run(['bash', os.path.join(KIT, 'launch.sh'), 'sa_quadratic_gen_pruned_cifar'],
+                            env=dict(env, RUNS=str(tmp_path / 'empty')), capture_output=True, text=True)
+    assert failed.returncode == 1 and 'carry the pruned weights' in failed.stderr and 'train sa_quadratic_gen_cifar' \
+        in failed.stderr
+
+
 def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
     # the CPU stands in for the device (TIMM_ATTNCONV_TEST_DEVICE), and one check for all of them
     env = dict(os.environ, RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'checks.txt'),

@@ -22,13 +22,16 @@ case $name in
   sa_learned_cifar|sa_quadratic_gen_cifar|sa_quadratic_16h_cifar|sa_learned_content_cifar)
     recipe=(--model "$name" "${sa[@]}");;
   sa_quadratic_gen_pruned_cifar)
-    # Cordonnier et al. 2020, Table 1: prune the degenerate heads of the finished generalized-quadratic run's EMA,
-    # then fine-tune at a tenth of its learning rate
-    source=$runs/sa_quadratic_gen_cifar/last.pth.tar
-    [ -f "$source" ] || { echo "no $source: train sa_quadratic_gen_cifar first" >&2; exit 1; }
-    mkdir -p "$runs/$name"
-    [ -f "$runs/$name/heads.json" ] ||
-      python3 training/gpu/prune.py "$source" "$runs/$name/pruned.safetensors" > "$runs/$name/heads.json"
+    # Cordonnier et al. 2020, Table 1: prune the trained generalized-quadratic model down to the pruned model's heads,
+    # the most degenerate first, then fine-tune at a tenth of its learning rate. The pruned weights are either
+    # carried (training/gpu/prune.py here, from the staged sa_quadratic_gen_cifar.c10, into $runs/$name) or pruned
+    # from the EMA of this machine's finished sa_quadratic_gen_cifar run
+    if [ ! -f "$runs/$name/heads.json" ]; then
+      source=$runs/sa_quadratic_gen_cifar/last.pth.tar
+      [ -f "$source" ] || { echo "no $runs/$name/heads.json (carry the pruned weights, training/gpu/README.md) and no" \
+                                 "$source (train sa_quadratic_gen_cifar first)" >&2; exit 1; }
+      python3 training/gpu/prune.py "$source" "$runs/$name"
+    fi
     heads=$(cat "$runs/$name/heads.json")
     recipe=(--model "$name" --model-kwargs "{\"num_heads\": $heads}" --init-from "$runs/$name/pruned.safetensors"
             "${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999);;

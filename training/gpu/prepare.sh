@@ -29,7 +29,7 @@ tree=$({ git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r
 mib=$(( (62 * 1048576 - ${tree:-0}) / 1048576 ))
 [ $mib -ge 8 ] || { echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1; }
 mib=${PART_MIB:-$mib}  # smaller parts, for tests
-rm -rf .gpu && mkdir -p .gpu/tmp
+rm -rf .gpu/p[0-9]* .gpu/tmp && mkdir -p .gpu/tmp  # .gpu/init (training/gpu/prune.py's output) stays
 cat "$src/train.npz" "$src/test.npz" | (cd .gpu/tmp && split -b "${mib}M" -d -a 2 - cifar10.)
 { echo "train $(stat -c %s "$src/train.npz") $(sha256sum < "$src/train.npz" | cut -d' ' -f1)"
   echo "test $(stat -c %s "$src/test.npz") $(sha256sum < "$src/test.npz" | cut -d' ' -f1)"; } > .gpu/tmp/sums
