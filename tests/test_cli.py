@@ -56,11 +56,17 @@ BAD_ARGUMENTS = [
     ('evaluate', ['--model', 'aa_resnet20_cifar', '--checkpoint', '{tmp}/run/last.pth.tar'], INPUT,
      'is a checkpoint of sa_quadratic_tiny_cifar, not of aa_resnet20_cifar: pass --model sa_quadratic_tiny_cifar'),
     ('evaluate', TINY + ['--data-dir', '{tmp}'], INPUT, 'no CIFAR-10 test data in'),
+    ('evaluate', TINY + ['--checkpoint', '{tmp}/pruned.safetensors'], USAGE,
+     'Pass the --model (and --model-kwargs) the file was saved from (pruned weights: --model-kwargs '
+     '\'{"num_heads": [9, 8, 9, 9, 9, 9]}\')'),
+    ('evaluate', TINY + ['--model-kwargs', '[9]'], USAGE, 'argument --model-kwargs: expected a JSON object'),
     ('flops', ['sa_quadratic_tiny'], USAGE, "argument models: unknown model 'sa_quadratic_tiny'"),
     ('flops', ['--img-size', '-32'], USAGE, "argument --img-size: expected a whole number ≥ 1, got '-32'"),
     ('imagefolder', ['{tmp}/out', '--per-class', '0'], USAGE, 'argument --per-class'),
     ('imagefolder', ['{tmp}/out', '--split', 'val'], USAGE, "argument --split: invalid choice: 'val'"),
     ('imagefolder', ['{tmp}/out', '--classes', 'kitten'], INPUT, "unknown CIFAR-10 classes ['kitten']"),
+    ('predict', [SAMPLE] + TINY + ['--model-kwargs', '{"num_head": 3}'], USAGE,
+     'sa_quadratic_tiny_cifar does not take --model-kwargs {"num_head": 3}'),
     ('predict', [SAMPLE] + TINY + ['--topk', '0'], USAGE, "argument --topk: expected a whole number ≥ 1, got '0'"),
     ('predict', [SAMPLE] + TINY + ['--num-classes', '2.5'], USAGE, 'argument --num-classes'),
     ('predict', [SAMPLE] + TINY + ['--pretrained', '--checkpoint', WEIGHTS], USAGE, 'not allowed with argument'),
@@ -156,12 +162,17 @@ def _tools():
 @pytest.fixture(scope='module')
 def inputs(tmp_path_factory):
     """A folder of bad inputs: a corrupt checkpoint and weights file, weights without the config.json that names
-    their architecture, and a training checkpoint of sa_quadratic_tiny_cifar in ``run/``."""
+    their architecture, pruned weights (one head fewer in layer 2, as ``prune --out`` writes them) and a training
+    checkpoint of sa_quadratic_tiny_cifar in ``run/``."""
+    from safetensors.torch import save_file
     from timm_attnconv.runs import checkpoint_digest
     folder = tmp_path_factory.mktemp('inputs')
     (folder / 'garbage.pth.tar').write_bytes(b'not a checkpoint' * 64)
     (folder / 'garbage.safetensors').write_bytes(b'not a weights file' * 64)
     shutil.copy(WEIGHTS, folder / 'lone.safetensors')
+    pruned = timm.create_model('sa_quadratic_tiny_cifar')
+    heads = timm_attnconv.prune_degenerate_heads(pruned, heads={1: [0]})
+    save_file(pruned.state_dict(), folder / 'pruned.safetensors', metadata={'num_heads': json.dumps(heads)})
     (folder / 'run').mkdir()
     model = timm.create_model('sa_quadratic_tiny_cifar', num_classes=10)
     state = dict(config=dict(model='sa_quadratic_tiny_cifar', model_kwargs={}), epoch=1, step_in_epoch=0,
@@ -169,6 +180,13 @@ def inputs(tmp_path_factory):
     state['sha256'] = checkpoint_digest(state)
     torch.save(state, folder / 'run' / 'last.pth.tar')
     return folder
+
+
+def test_model_kwargs_build_the_model_that_pruned_weights_fit(inputs, capsys):
+    from timm_attnconv.predict import main
+    kwargs = ['--model-kwargs', '{"num_heads": [9, 8, 9, 9, 9, 9]}']
+    main([SAMPLE] + TINY + ['--checkpoint', str(inputs / 'pruned.safetensors')] + kwargs)
+    assert 'read weights file' in capsys.readouterr().err
 
 
 def run_tool(tool, argv, capsys):

@@ -225,6 +225,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help='a training checkpoint of `python -m timm_attnconv.train` (last.pth.tar) or a '
                              '.safetensors weights file, of --model')
     parser.add_argument('--ema', action='store_true', help='the EMA weights of a training --checkpoint')
+    parser.add_argument('--model-kwargs', type=json_object, default={},
+                        help='JSON dict for timm.create_model, e.g. \'{"num_heads": [9, 9, 9, 9, 9, 8]}\' for pruned '
+                             'weights')
 
 
 def add_data_dir_arg(parser: argparse.ArgumentParser, files: str = 'test.npz', use: str = '') -> None:
@@ -250,18 +253,18 @@ def add_test_set_args(parser: argparse.ArgumentParser) -> None:
 
 def load_model(args: argparse.Namespace, **kwargs) -> nn.Module:
     """The model named by ``--model``: random init, its ``--pretrained`` weights, or a ``--checkpoint`` of either
-    kind (which one it read goes to stderr); a checkpoint of another architecture is refused. ``kwargs`` go to
-    ``timm.create_model`` (a training checkpoint records its own)."""
-    import timm
+    kind (which one it read goes to stderr); a checkpoint of another architecture is refused. ``--model-kwargs`` and
+    ``kwargs`` (a tool's own options, such as ``--num-classes``) go to ``timm.create_model`` (a training checkpoint
+    records its own)."""
     if args.ema and not _is_training_checkpoint(args.checkpoint):
         raise UsageError('--ema needs a training checkpoint (last.pth.tar of a run with --model-ema) as --checkpoint')
     if args.checkpoint is None:
-        return timm.create_model(args.model, pretrained=args.pretrained, **kwargs)
+        return create_model(args.model, '--model-kwargs', args.model_kwargs, pretrained=args.pretrained, **kwargs)
     if not os.path.isfile(args.checkpoint):
         raise UsageError(f'--checkpoint {args.checkpoint!r}: no such file')
     if _is_training_checkpoint(args.checkpoint):
-        return _from_training_checkpoint(args, kwargs)
-    return _from_weights_file(args.checkpoint, args.model, kwargs)
+        return _from_training_checkpoint(args, dict(args.model_kwargs, **kwargs))
+    return _from_weights_file(args.checkpoint, args.model, args.model_kwargs, kwargs)
 
 
 def _is_training_checkpoint(path: Optional[str]) -> bool:
@@ -278,21 +281,21 @@ def _from_training_checkpoint(args: argparse.Namespace, kwargs: Dict[str, Any]) 
     return model
 
 
-def _from_weights_file(path: str, name: str, kwargs: Dict[str, Any]) -> nn.Module:
-    import timm
+def _from_weights_file(path: str, name: str, model_kwargs: Dict[str, Any], kwargs: Dict[str, Any]) -> nn.Module:
     holds = _declared_architecture(path)
     if holds is not None and holds.split('.')[0] != name.split('.')[0]:
         raise UsageError(f'{path!r} holds {holds} weights (says the config.json beside it), not {name}: pass '
                          f'--model {holds}')
-    file_keys = _tensor_names(path)
+    file_keys, file_metadata = _read_header(path)
     # the file's head is as wide as num_classes says: else timm would drop it for a random one
-    overlay = dict(file=path, **{k: v for k, v in kwargs.items() if k == 'num_classes'})
+    overlay = dict(file=path, **{k: v for k, v in dict(model_kwargs, **kwargs).items() if k == 'num_classes'})
     try:
-        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+        model = create_model(name, '--model-kwargs', model_kwargs, pretrained=True, pretrained_cfg_overlay=overlay,
+                             **kwargs)
     except RuntimeError as e:
         if 'loading state_dict' not in str(e):
             raise
-        raise UsageError(_misfit(path, name, kwargs, file_keys)) from e
+        raise UsageError(_misfit(path, name, dict(model_kwargs, **kwargs), file_keys, file_metadata)) from e
     print(f'read weights file {path}', file=sys.stderr)
     return model
 
@@ -311,17 +314,18 @@ def _declared_architecture(path: str) -> Optional[str]:
     return (config.get('architecture') or config.get('model')) if isinstance(config, dict) else None
 
 
-def _tensor_names(path: str) -> set:
+def _read_header(path: str) -> Tuple[set, Dict[str, str]]:
+    """The names of the tensors in a ``.safetensors`` file, and its metadata."""
     from safetensors import SafetensorError, safe_open
     try:
         with safe_open(path, 'pt') as f:
-            return set(f.keys())
+            return set(f.keys()), f.metadata() or {}
     except SafetensorError as e:
         raise ValueError(f'cannot read {path!r} as a .safetensors weights file ({e}): it is truncated or not a weights '
                          f'file. Copy it again, or pass the file it should be') from e
 
 
-def _misfit(path: str, name: str, kwargs: Dict[str, Any], file_keys: set) -> str:
+def _misfit(path: str, name: str, kwargs: Dict[str, Any], file_keys: set, file_metadata: Dict[str, str]) -> str:
     import timm
     model_keys = set(timm.create_model(name, **kwargs).state_dict())
     missing, foreign = sorted(model_keys - file_keys), sorted(file_keys - model_keys)
@@ -330,7 +334,10 @@ def _misfit(path: str, name: str, kwargs: Dict[str, Any], file_keys: set) -> str
                   f"not its (e.g. {(foreign or missing)[0]!r})")
     else:
         detail = 'the file\'s tensors have other shapes (another num_classes or other model settings)'
-    return f'{path!r} does not fit {name}: {detail}. Pass the --model (and settings) the file was saved from'
+    fix = 'Pass the --model (and --model-kwargs) the file was saved from'
+    if 'num_heads' in file_metadata:  # pruned weights (python -m timm_attnconv.prune --out) say their heads
+        fix += f' (pruned weights: --model-kwargs \'{{"num_heads": {file_metadata["num_heads"]}}}\')'
+    return f'{path!r} does not fit {name}: {detail}. {fix}'
 
 
 def load_test_split(args: argparse.Namespace) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,9 @@ params and MACs before and after.
 By default the heads the criterion names go, as in the original code; ``--num-heads`` instead keeps that many per
 layer, the most degenerate pruned first (the paper's counts give ``sa_quadratic_gen_pruned_cifar``'s layout). The
 report lists the heads pruned and those the criterion names, per layer. The pruned weights load into
-``timm.create_model(NAME, num_heads=<the printed num_heads>)``.
+``timm.create_model(NAME, num_heads=<the printed num_heads>)``, and the tools take them with ``--model-kwargs``.
 """
+import json
 from typing import Any, Dict, Optional, Sequence
 
 from . import cli
@@ -36,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     report = dict(model=args.model, **prune_report(model, args.min_eig, args.max_cond, args.num_heads))
     if args.out:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args.out,
-                  metadata={'num_heads': str(tuple(report['num_heads']))})
+                  metadata={'num_heads': json.dumps(report['num_heads'])})
     cli.print_result(report, args.json, indent=2)
     return report
 

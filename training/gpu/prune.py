@@ -43,7 +43,7 @@ report = dict(source=args.source, degenerate=heads_to_prune(model), pruned=heads
 report['num_heads'] = list(prune_degenerate_heads(model, heads=report['pruned']))
 os.makedirs(args.out_dir, exist_ok=True)
 save_file({k: (v.half() if args.half else v).contiguous() for k, v in model.state_dict().items()},
-          os.path.join(args.out_dir, 'pruned.safetensors'))
+          os.path.join(args.out_dir, 'pruned.safetensors'), metadata={'num_heads': json.dumps(report['num_heads'])})
 with open(os.path.join(args.out_dir, 'heads.json'), 'w') as f:
     json.dump(report['num_heads'], f)
 with open(os.path.join(args.out_dir, 'pruning.json'), 'w') as f:
