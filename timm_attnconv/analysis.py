@@ -199,16 +199,20 @@ def _keep_heads(layer: PositionalSelfAttention, keep: List[int]) -> None:
 
 
 def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
-                 num_heads: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+                 num_heads: Optional[Sequence[int]] = None, macs: bool = True) -> Dict[str, Any]:
     """:func:`prune_degenerate_heads` on ``model`` (in place), with heads per layer, params and MACs (fvcore, one
-    image at the cfg's size) before and after, the heads pruned (``{layer: [head, …]}``, indices before pruning) and
-    the ones the criterion names (the same without ``num_heads``)."""
-    from .flops import count_macs
+    image at the cfg's size; ``macs=False`` leaves them out, and needs no fvcore) before and after, the heads pruned
+    (``{layer: [head, …]}``, indices before pruning) and the ones the criterion names (the same without
+    ``num_heads``)."""
     x = torch.zeros(1, *model.pretrained_cfg['input_size'])
 
     def measure() -> Dict[str, Any]:
         heads = [m.num_heads for m in model.modules() if isinstance(m, PositionalSelfAttention)]
-        return dict(heads=heads, params=sum(p.numel() for p in model.parameters()), macs=count_macs(model.eval(), x))
+        counts = dict(heads=heads, params=sum(p.numel() for p in model.parameters()))
+        if macs:
+            from .flops import count_macs
+            counts['macs'] = count_macs(model.eval(), x)
+        return counts
 
     before = measure()
     degenerate = heads_to_prune(model, min_eig, max_cond)

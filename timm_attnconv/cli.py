@@ -287,15 +287,16 @@ def _from_weights_file(path: str, name: str, model_kwargs: Dict[str, Any], kwarg
         raise UsageError(f'{path!r} holds {holds} weights (says the config.json beside it), not {name}: pass '
                          f'--model {holds}')
     file_keys, file_metadata = _read_header(path)
+    every_kwarg = dict(model_kwargs, **kwargs)
     # the file's head is as wide as num_classes says: else timm would drop it for a random one
-    overlay = dict(file=path, **{k: v for k, v in dict(model_kwargs, **kwargs).items() if k == 'num_classes'})
+    overlay = dict(file=path, **{k: v for k, v in every_kwarg.items() if k == 'num_classes'})
     try:
         model = create_model(name, '--model-kwargs', model_kwargs, pretrained=True, pretrained_cfg_overlay=overlay,
                              **kwargs)
     except RuntimeError as e:
         if 'loading state_dict' not in str(e):
             raise
-        raise UsageError(_misfit(path, name, dict(model_kwargs, **kwargs), file_keys, file_metadata)) from e
+        raise UsageError(_misfit(path, name, every_kwarg, file_keys, file_metadata)) from e
     print(f'read weights file {path}', file=sys.stderr)
     return model
 

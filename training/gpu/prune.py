@@ -7,8 +7,9 @@ here, where ``weights/`` is). By default each layer keeps as many heads as ``sa_
 paper's pruned model), the most degenerate pruned first; ``--num-heads criterion`` prunes the heads the criterion
 names, as the original code did. Writes ``OUT_DIR/pruned.safetensors`` (``--half``: float16, lossless for staged
 float16 weights and half the size to carry), ``OUT_DIR/heads.json`` (the counts kept, for ``--model-kwargs``) and
-``OUT_DIR/pruning.json`` (the heads pruned and those the criterion names, per layer), and prints the last. Unlike
-``python -m timm_attnconv.prune`` it counts no MACs, so it needs no fvcore, which the GPU machine lacks.
+``OUT_DIR/pruning.json`` (``prune_report``: the heads pruned and those the criterion names, per layer, heads and
+params before and after), and prints the last. Unlike ``python -m timm_attnconv.prune`` it counts no MACs, so it
+needs no fvcore, which the GPU machine lacks.
 """
 import argparse
 import json
@@ -17,7 +18,7 @@ import os
 import timm
 from safetensors.torch import save_file
 
-from timm_attnconv.analysis import heads_to_prune, prune_degenerate_heads
+from timm_attnconv.analysis import prune_report
 from timm_attnconv.runs import load_training_checkpoint
 
 PRUNED_ARCH = 'sa_quadratic_gen_pruned_cifar'
@@ -39,8 +40,7 @@ elif args.num_heads == 'criterion':
     num_heads = None
 else:
     num_heads = tuple(int(n) for n in args.num_heads.split(','))
-report = dict(source=args.source, degenerate=heads_to_prune(model), pruned=heads_to_prune(model, num_heads=num_heads))
-report['num_heads'] = list(prune_degenerate_heads(model, heads=report['pruned']))
+report = dict(source=args.source, **prune_report(model, num_heads=num_heads, macs=False))
 os.makedirs(args.out_dir, exist_ok=True)
 save_file({k: (v.half() if args.half else v).contiguous() for k, v in model.state_dict().items()},
           os.path.join(args.out_dir, 'pruned.safetensors'), metadata={'num_heads': json.dumps(report['num_heads'])})
