@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, before any training starts (a busy GPU makes every ratio meaningless): every comparison of
 # issue 18 in one go, bf16 autocast, interleaved sides, eager and compiled. Prints to stdout and to $OUT/benchmark.txt
-# (or ./benchmark.txt), each step followed by the seconds it took. The steps of the issue's targets come first, then
-# the ones that explain them. Each step is cut at 90 s (a compiled one at 150 s), so the whole outlasts one 10-minute
-# call: start it in the background and collect the file.
-#   --profile         op profiles into profile.txt: first the models that miss the targets and their bases, eager;
-#                     last (compiled) AA-ResNet-50 and ResNet-50
+# (or ./benchmark.txt), each step followed by the seconds it took. The steps of the issue's targets come first (every
+# family eager, then compiled), then the ones that explain them. Each step is cut at 90 s (a compiled one at 150 s), so
+# the whole outlasts one 10-minute call: start it in the background and collect the file.
+#   --profile         op profiles into profile.txt: after the eager targets, the models that miss the targets and
+#                     their bases, eager; last (compiled) AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
 #                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
 #   --quick           2 repetitions instead of 10
@@ -47,35 +47,36 @@ step() { run_to "$out" "$@"; }
 : > "$out"
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$out"
+DENSE='{"attn_path": "dense"}'
+# the targets, eager first for every family, then compiled (one size per compiled SA step: each side compiles), so
+# that a short budget measures every family: SA's default path against dense at 32, 64, 96 px and against the
+# original algorithm (dense, unfolded) at 96 px; AA-ResNet-50 against ResNet-50, also both in channels_last (the
+# memory format timm's scripts run ResNets in on GPUs); the EA models against their bases; the content model's
+# inference form (keys folded into the queries) against the original at batch 256, its memory target
+targets() {  # "" (eager) or --compile
+  local c=$1
+  step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 32 --batch-size 256
+  if [ -z "$c" ]; then
+    step $B --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 64 96 --batch-size 64
+    step $B --models sa_quadratic_cifar sa_learned_cifar --sizes 96 --batch-size 64 --bf16-model ''
+  else
+    for px in 64 96; do
+      step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes $px --batch-size 64
+    done
+  fi
+  step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+  step $B $c --channels-last --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
+  step $B $c --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
+  step $B $c --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
+  [ -n "$c" ] || step $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-model ''
+}
+targets ""
 if [ $profile = 1 ]; then  # where the time of the models that miss the targets goes, op by op, beside their bases
   : > "$profile_out"
   run_to "$profile_out" $P aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ea_aa_resnet50 \
     deit_ea_small_patch16_224 deit_small_patch16_224
 fi
-DENSE='{"attn_path": "dense"}'
-# the targets: SA's default path against dense at 32, 64, 96 px, eager and compiled (one size per compiled step: each
-# side compiles), and against the original algorithm (dense, unfolded) at 96 px
-for c in "" --compile; do
-  step $B $c --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 32 --batch-size 256
-done
-step $B --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes 64 96 --batch-size 64
-for px in 64 96; do
-  step $B --compile --versus sa_quadratic_cifar:sa_quadratic_cifar --baseline-kwargs "$DENSE" --sizes $px \
-    --batch-size 64
-done
-step $B --models sa_quadratic_cifar sa_learned_cifar --sizes 96 --batch-size 64 --bf16-model ''
-# AA-ResNet-50 against ResNet-50, also both in channels_last (the memory format timm's scripts run ResNets in on GPUs)
-for c in "" --compile; do
-  step $B $c --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
-  step $B $c --channels-last --versus aa_resnet50:resnet50 --sizes 224 --batch-size 128
-done
-# the EA models against their bases
-for c in "" --compile; do
-  step $B $c --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128
-  step $B $c --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128
-done
-# the content model's inference form (keys folded into the queries) against the original, batch 256: its memory target
-step $B --models sa_learned_content_cifar --sizes 32 --batch-size 256 --bf16-model ''
+targets --compile
 # what explains them: the paths 'auto' chooses between, the attention kernels, the layout of EA's map convolution
 # (channels_last, faster on CPU; NCHW; the heads padded to 8 channels), training steps at batch 256, 32 px
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64

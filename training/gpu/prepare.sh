@@ -4,7 +4,8 @@
 # - weights/ (30+ MiB of staged safetensors, tracked) moves to .git/gpu-aside/ so that it does not travel with every
 #   call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
 # - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
-#   and sha256 that receive-cifar10.sh checks on the other side.
+#   and sha256 that receive-cifar10.sh checks on the other side; .gpu/init (training/gpu/prune.py's output) stays, and
+#   the last line says whether it fits beside the last part in one call.
 # Usage: training/gpu/prepare.sh [--restore]; CIFAR10_DIR (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10)
 # holds the npz files.
 set -euo pipefail
@@ -39,3 +40,12 @@ for part in .gpu/tmp/cifar10.*; do
 done
 rm -r .gpu/tmp
 echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $mib MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
+if [ -d .gpu/init ]; then  # training/gpu/prune.py's output: with the last, smallest part if both fit in one call
+  last=.gpu/p$(printf %02d $((n - 1)))
+  init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))
+  if [ $together -le $((64 * 1048576)) ]; then
+    echo "carry .gpu/init with $last: $((together / 1048576)) MiB with the tree"
+  else
+    echo "carry .gpu/init in a call of its own ($((init / 1048576)) MiB): it does not fit beside $last"
+  fi
+fi
