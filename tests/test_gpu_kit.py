@@ -56,6 +56,11 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     assert config['model'] == 'sa_learned_cifar' and config['opt'] == 'adamw' and config['model_ema_decay'] == 0.9995
     assert config['epochs'] == 1 and config['clip_grad'] == 1.0 and config['world_size'] == 1
     assert all(torch.equal(run['model'][k], v) for k, v in state['model'].items())
+    # the EMA alone: half the parts
+    ema_call = tmp_path / 'out3'
+    said = kit('collect.sh', 'sa_learned_cifar', '0', '--weights', 'ema', env=dict(env, OUT=str(ema_call)))
+    assert 'every part is out' in said and sorted(os.listdir(ema_call / 'sa_learned_cifar')) == [
+        'config.json', 'ema.safetensors.part00', 'log.jsonl', 'manifest.json']
 
 
 def test_a_run_whose_compile_fails_trains_on_without_it(tmp_path, synthetic_cifar10):

@@ -61,6 +61,21 @@ def test_a_run_exported_in_parts_joins_into_a_folder_stage_reads(run, tmp_path):
         assert data == save(weights) and digests[f'{key}.safetensors'] == hashlib.sha256(data).hexdigest()
 
 
+def test_the_ema_alone_takes_half_the_parts_and_joins_into_a_folder_stage_reads(run, tmp_path):
+    both = export_calls(run, tmp_path / 'both', part_bytes=4096)
+    ema = export_calls(run, tmp_path / 'ema', part_bytes=4096, weights='ema')
+    count = lambda calls: sum(1 for call in calls for f in call.iterdir() if '.part' in f.name)
+    assert count(both) == 2 * count(ema) and all('ema.safetensors.part' in f.name
+                                                  for call in ema for f in call.iterdir() if '.part' in f.name)
+    join(str(tmp_path / 'joined'), [str(c) for c in ema])
+    assert sorted(os.listdir(tmp_path / 'joined')) == ['config.json', 'ema.safetensors', 'log.jsonl']
+    joined, state = _read_run(str(tmp_path / 'joined')), read_checkpoint(str(run / 'last.pth.tar'))
+    assert joined['model'] is None and all(torch.equal(joined['ema'][k.removeprefix('module.')], v)
+                                           for k, v in state['ema'].items())
+    with pytest.raises(ValueError, match='the manifests .* differ: .* or from exports of different --weights'):
+        join(str(tmp_path / 'mixed'), [str(both[0]), str(ema[0])])
+
+
 def test_damaged_or_mixed_parts_are_refused(run, tmp_path):
     calls = export_calls(run, tmp_path, part_bytes=4096, max_files=5, max_bytes=20_000)
     part = next(calls[0].glob('*.part00'))

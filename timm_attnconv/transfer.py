@@ -1,14 +1,14 @@
 """Bring a training run back from a machine that returns files in limited sizes, as a run folder ``stage`` reads.
 
-    python -m timm_attnconv.transfer export RUN OUT [--start N]   # there: the next parts of RUN into OUT
+    python -m timm_attnconv.transfer export RUN OUT [--start N] [--weights ema]  # there: the next parts into OUT
     python -m timm_attnconv.transfer join FOLDER PARTS [PARTS ...]  # here: the parts of every call into FOLDER
 
 ``export`` reads the run's training checkpoint (digest-checked) and writes its weights, and its EMA weights when the
-run kept them, as float32 safetensors with the model's own keys (``model.safetensors``, ``ema.safetensors``), cut into
-parts of at most 15 MiB (``model.safetensors.part00``, ...). One call returns at most 8 files and 64 MiB, so each call
-writes the parts that fit beside three small files: ``manifest.json`` (size and sha256 of each weights file and of each
-of its parts), ``config.json`` (the run config as the checkpoint records it) and ``log.jsonl``. It prints the
-``--start`` of the next call until every part is out.
+run kept them (``--weights model`` or ``ema``: only those, in half the calls), as float32 safetensors with the model's
+own keys (``model.safetensors``, ``ema.safetensors``), cut into parts of at most 15 MiB (``model.safetensors.part00``,
+...). One call returns at most 8 files and 64 MiB, so each call writes the parts that fit beside three small files:
+``manifest.json`` (size and sha256 of each weights file and of each of its parts), ``config.json`` (the run config as
+the checkpoint records it) and ``log.jsonl``. It prints the ``--start`` of the next call until every part is out.
 
 ``join`` concatenates the parts found in the given folders (one per call), checks every sha256 against the manifest,
 and writes ``model.safetensors`` / ``ema.safetensors`` byte for byte as exported, beside ``config.json`` and
@@ -40,19 +40,24 @@ def _part_name(name: str, index: int) -> str:
     return f'{name}.part{index:02d}'
 
 
-def _weights_bytes(state: Dict[str, Any]) -> Dict[str, bytes]:
-    """The run's float32 safetensors files as bytes (the EMA's keys without ModelEmaV3's ``module.`` prefix)."""
+def _weights_bytes(state: Dict[str, Any], keys: Sequence[str]) -> Dict[str, bytes]:
+    """The run's float32 safetensors files of ``keys`` (``'model'``, ``'ema'``) that it has, as bytes (the EMA's keys
+    without ModelEmaV3's ``module.`` prefix)."""
     from safetensors.torch import save
-    return {name: save({k.removeprefix('module.'): v.contiguous() for k, v in state[key].items()})
-            for key, name in WEIGHTS_FILES.items() if state.get(key) is not None}
+    return {WEIGHTS_FILES[key]: save({k.removeprefix('module.'): v.contiguous() for k, v in state[key].items()})
+            for key in keys if state.get(key) is not None}
 
 
 def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BYTES, max_files: int = CALL_FILES,
-           max_bytes: int = CALL_BYTES) -> Dict[str, Any]:
-    """Write the small files and the parts from number ``start`` on that fit one call into ``out_dir``. Returns
-    ``{'parts': count of all parts, 'written': names written, 'next': the next call's start or None}``."""
+           max_bytes: int = CALL_BYTES, weights: str = 'both') -> Dict[str, Any]:
+    """Write the small files and the parts from number ``start`` on that fit one call into ``out_dir``; ``weights``:
+    ``'both'`` (the weights and, if kept, the EMA), ``'model'`` or ``'ema'``. Returns ``{'parts': count of all parts,
+    'written': names written, 'next': the next call's start or None}``."""
     state = read_checkpoint(os.path.join(run_dir, CHECKPOINT))
-    files = _weights_bytes(state)
+    if weights == 'ema' and state.get('ema') is None:
+        raise ValueError(f'{run_dir!r} kept no EMA weights (it was trained without --model-ema): export --weights '
+                         f'model')
+    files = _weights_bytes(state, list(WEIGHTS_FILES) if weights == 'both' else [weights])
     parts = [(name, i, data[offset:offset + part_bytes])
              for name, data in files.items() for i, offset in enumerate(range(0, len(data), part_bytes))]
     if not 0 <= start < len(parts):
@@ -102,7 +107,8 @@ def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
     manifest = _read_json(manifests[0])
     if any(_read_json(path) != manifest for path in manifests[1:]):
         raise ValueError(f'the manifests in {manifests} differ: the parts come from different checkpoints of the run '
-                         f'(it went on training between the calls). Export all parts again from one checkpoint')
+                         f'(it went on training between the calls) or from exports of different --weights. Export '
+                         f'all parts again from one checkpoint, with one --weights')
     joined, missing = {}, []
     for name, record in manifest['files'].items():
         chunks = []
@@ -144,12 +150,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                      help=f'files this call may still return (default {CALL_FILES}: less what else it returns)')
     out.add_argument('--max-bytes', type=cli.positive_int, default=CALL_BYTES,
                      help=f'bytes this call may still return (default {CALL_BYTES})')
+    out.add_argument('--weights', choices=('both', 'model', 'ema'), default='both',
+                     help='which weights to export; model or ema take half the calls (the last test in the run\'s '
+                          'log says which scored higher); every call of one export passes the same')
     back = commands.add_parser('join', help='join the parts of every call into a run folder')
     back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors, config.json, log.jsonl)')
     back.add_argument('parts', nargs='+', help='the folders the export calls wrote, one per call')
     args = parser.parse_args(argv)
     if args.command == 'export':
-        result = export(args.run, args.out, args.start, max_files=args.max_files, max_bytes=args.max_bytes)
+        result = export(args.run, args.out, args.start, max_files=args.max_files, max_bytes=args.max_bytes,
+                        weights=args.weights)
         print(f"wrote {', '.join(result['written'])} ({result['parts']} parts in all); " + (
             'every part is out' if result['next'] is None else f"next call: --start {result['next']}"))
     else:
