@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 checks=${CHECKS:-/tmp/cuda-checks.txt}
-PYTHONPATH=$PWD setsid nohup python3 -m pytest -m cuda -q -rs \
+# in one process they took 594 s beside training in session 25: where pytest-xdist is there (the GPU machine has it),
+# WORKERS processes (4; 1: one process) of 4 CPU threads each share the machine's 16 cores
+workers=()
+if [ "${WORKERS:-4}" -gt 1 ] && python3 -c 'import xdist' 2> /dev/null; then
+  workers=(-n "${WORKERS:-4}"); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+fi
+PYTHONPATH=$PWD setsid nohup python3 -m pytest -m cuda -q -rs "${workers[@]}" \
   tests/test_cuda.py tests/test_layers_attention_kernels.py "$@" > "$checks" 2>&1 < /dev/null &
-echo "cuda checks started (pid $!): $checks"
+echo "cuda checks started (pid $!${workers:+, ${workers[1]} workers}): $checks"
