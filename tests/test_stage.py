@@ -59,7 +59,7 @@ def test_stage_needs_a_training_run(tmp_path):
         stage_main([str(tmp_path), '--tag', 'x'])
 
 
-def _weights_only_run(folder, model_kwargs):
+def _weights_only_run(folder, model_kwargs, init_from=None):
     """A run folder as a GPU machine brings one back: EMA weights, the trainer's config and log, no checkpoint."""
     from safetensors.torch import save_file
     folder.mkdir()
@@ -67,7 +67,7 @@ def _weights_only_run(folder, model_kwargs):
     save_file(model.state_dict(), folder / 'ema.safetensors')
     config = dict(model='sa_quadratic_tiny_cifar', model_kwargs=model_kwargs, epochs=4, batch_size=256, opt='adamw',
                   lr=1e-3, weight_decay=0.05, sched='cosine', warmup_epochs=1, min_lr=1e-5, smoothing=0.1,
-                  model_ema=True, model_ema_decay=0.999, seed=42, train_limit=None, init_from=None)
+                  model_ema=True, model_ema_decay=0.999, seed=42, train_limit=None, init_from=init_from)
     (folder / 'config.json').write_text(json.dumps(config))
     (folder / 'log.jsonl').write_text(''.join(
         json.dumps(dict(epoch=e, lr=1e-3 / e, train_loss=2. / e, test_top1=10. * e, test_loss=2. / e)) + '\n'
@@ -99,6 +99,21 @@ def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_
     assert 'one test GPU' in card and '3 of 4 epochs' in card and 'not resumable' in card
     assert 'stored as float16' in card and '--amp bf16' in card and '--output training/sa_quadratic_tiny_cifar' in card
     assert 'learning rate was 0.000333, 33.3% of its peak 0.001' in card
+
+
+def test_the_card_shows_the_command_that_wrote_the_start_of_a_warm_started_run(tmp_path, synthetic_cifar10):
+    _weights_only_run(tmp_path / 'run', {}, init_from='/tmp/runs/start/pruned.safetensors')
+    args = [str(tmp_path / 'run'), '--tag', 'ft', '--out', str(tmp_path / 'weights'), '--data-dir', synthetic_cifar10,
+            '--limit', '32', '--record', str(tmp_path / 'sha.json'), '--dtype', 'float32']
+    prune = 'python training/gpu/prune.py sa_quadratic_gen_cifar.c10 /tmp/runs/start --half'
+    stage_main(args + ['--init-command', prune])
+    card = (tmp_path / 'weights' / 'sa_quadratic_tiny_cifar.ft' / 'README.md').read_text()
+    assert f'```bash\n{prune}\npython -m timm_attnconv.train \\\n    --model sa_quadratic_tiny_cifar' in card
+    assert '`pruned.safetensors`, which the first command under Training writes)' in card
+    assert f"--init-command '{prune}'" in card
+    _weights_only_run(tmp_path / 'scratch', {})
+    with pytest.raises(ValueError, match="started from None: drop --init-command"):
+        stage_main([str(tmp_path / 'scratch')] + args[1:] + ['--init-command', prune])
 
 
 def test_a_folder_that_is_no_run_is_refused_with_what_a_run_holds(tmp_path, synthetic_cifar10):
@@ -149,6 +164,11 @@ def test_the_card_says_what_a_warm_start_started_from():
     assert 'content term initialised near zero' in content
     pruned = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors')
     assert '`/tmp/runs/pruned.safetensors`' in pruned and '`pruned.safetensors`' in pruned
+    # the paper fine-tuned its pruned model too; another model's warm start is a departure from its paper
+    assert 'as the paper did: it fine-tuned the trained generalized model with its degenerate heads pruned' in pruned
+    assert 'not trained from scratch as in the paper' in same_arch and 'as the paper did' not in same_arch
+    written = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors', 'prune.py ...')
+    assert 'which the first command under Training writes' in written
 
 
 @pytest.mark.parametrize('arch, expected', [

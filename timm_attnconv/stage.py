@@ -48,6 +48,9 @@ PAPER_TOP1 = {
     'sa_learned': ('SA learned emb. (12.3M params)', 91.8),
     'sa_learned_content': ('SA learned emb. + content-based att. (29.5M params)', 87.1),
 }
+# the models the paper itself fine-tuned from other weights (Cordonnier et al. 2020, §4.1: the trained generalized model,
+# its degenerate heads pruned), by architecture: their cards do not call a warm start a departure from the paper
+PAPER_WARM_STARTS = {'sa_quadratic_gen_pruned_cifar': 'the trained generalized model with its degenerate heads pruned'}
 # by arXiv id, as the cfgs' ``paper_ids`` name them
 PAPERS = {
     '1911.03584': ('On the Relationship between Self-Attention and Convolutional Layers',
@@ -135,19 +138,22 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
     plt.close(fig)
 
 
-def warm_start_sentence(arch: str, init_from: Optional[str]) -> str:
+def warm_start_sentence(arch: str, init_from: Optional[str], init_command: str = '') -> str:
     """The model card's sentence on ``train --init-from``: what the run started from, or nothing for a run from
     scratch. The same arch continues its weights; another arch went through the model's ``init_from`` (a content
-    model built from a positional one)."""
+    model built from a positional one); a weights file is the output of ``init_command`` when one is given."""
     if not init_from:
         return ''
     if init_from.endswith('.safetensors'):
-        start = f'the weights in `{os.path.basename(init_from)}` (same layout)'
+        start = f'the weights in `{os.path.basename(init_from)}`' + (
+            ', which the first command under Training writes' if init_command else ' (same layout)')
     elif init_from.split('.')[0] == arch:
         start = 'those weights, trained on with a fresh optimizer and schedule'
     else:
         start = 'that model, up to a content term initialised near zero'
-    return f' Warm-started from `{init_from}` (it starts as {start}), not trained from scratch as in the paper.'
+    paper = (f'as the paper did: it fine-tuned {PAPER_WARM_STARTS[arch]}' if arch in PAPER_WARM_STARTS else
+             'not trained from scratch as in the paper')
+    return f' Warm-started from `{init_from}` (it starts as {start}), {paper}.'
 
 
 def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metrics: Dict[str, Any],
@@ -174,7 +180,7 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
     card = dict(
         description=f"A `timm_attnconv` model trained on CIFAR-10 by this project on {run['hardware']} "
                     f"({run['note']}). None of the paper's authors released usable weights."
-                    + warm_start_sentence(arch, run.get('init_from')),
+                    + warm_start_sentence(arch, run.get('init_from'), run.get('init_command', '')),
         details={
             'Model Type': 'Image classification / ' + (
                 'attention-only network' if arch.startswith('sa_') else
@@ -329,12 +335,13 @@ def choose_storage_dtype(model: torch.nn.Module, logits: torch.Tensor, images, l
 def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights',
           data_dir: Optional[str] = None, limit: Optional[int] = None,
           record: os.PathLike = SHA256_RECORD, dtype: str = 'auto', hardware: str = '2 CPU cores',
-          extra_train_args: str = '') -> Dict[str, Any]:
+          extra_train_args: str = '', init_command: str = '') -> Dict[str, Any]:
     """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``.
 
     ``hardware`` names what the run trained on, for the card; ``extra_train_args`` are training options the run used
     that its recorded config does not hold (e.g. ``--amp bf16 --clip-grad 1.0 --device cuda``), so that the card's
-    command is the one that ran.
+    command is the one that ran; ``init_command`` is the command that wrote the run's ``--init-from`` weights file
+    (e.g. ``python training/gpu/prune.py ...``), which the card shows before the training command.
     """
     from timm.models import save_for_hf
     from .analysis import conv_likeness_table, has_attention
@@ -346,6 +353,9 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         raise ValueError(f"dtype must be 'auto' or one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     run = _read_run(run_dir)
     config, log = run['config'], run['log']
+    if init_command and not (config.get('init_from') or '').endswith('.safetensors'):
+        raise ValueError(f"--init-command names the command that wrote the run's --init-from weights file, but "
+                         f"{run_dir!r} started from {config.get('init_from')!r}: drop --init-command")
     arch_tag = f"{config['model']}.{tag}"
     images, labels = load_cifar10(data_dir, 'test')
     if limit:
@@ -371,15 +381,18 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         # a run without its checkpoint cannot be resumed: the command writes a new run folder
         output = run_dir if run['resumable'] else f"training/{config['model']}"
         command = training_command(config, output) + (f' \\\n    {extra_train_args}' if extra_train_args else '')
+        if init_command:
+            command = f'{init_command}\n{command}'
         card_run = dict(
             epochs_done=f"{run['epochs_done']:.4g}", epochs_planned=config['epochs'], sha256=digest,
             data=f' over the first {subset:,} training images' if subset else '', hardware=hardware,
-            command=command, init_from=config.get('init_from'), storage=storage, resumable=run['resumable'],
+            command=command, init_from=config.get('init_from'), init_command=init_command, storage=storage,
+            resumable=run['resumable'],
             note='finished run' if finished else (
                 'training in progress' if run['resumable'] else
                 f"stopped after {run['epochs_done']:.4g} of {config['epochs']} epochs; not resumable"),
             schedule=_schedule_note(config, log, run['epochs_done']),
-            stage_command=_stage_command(run_dir, tag, hardware, extra_train_args))
+            stage_command=_stage_command(run_dir, tag, hardware, extra_train_args, init_command))
         shipped = round_weights(model, stored_dtype)  # the model as `pretrained=True` loads the stored file
         likeness = conv_likeness_table(shipped, normalize(images[:64], model.pretrained_cfg['mean'],
                                                           model.pretrained_cfg['std'])) if has_attention(model) else ''
@@ -422,12 +435,14 @@ def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_don
             f"learning rate was {last['lr']:.3g}, {100 * last['lr'] / config['lr']:.1f}% of its peak {config['lr']:g}.")
 
 
-def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str) -> str:
+def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str) -> str:
     parts = ['python -m timm_attnconv.stage', run_dir, f'--tag {tag}']
     if hardware != '2 CPU cores':
         parts.append(f"--hardware '{hardware}'")
     if extra_train_args:
         parts.append(f"--extra-train-args '{extra_train_args}'")
+    if init_command:
+        parts.append(f"--init-command '{init_command}'")
     return ' '.join(parts)
 
 
@@ -450,13 +465,16 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--hardware', default='2 CPU cores', help='what the run trained on, for the model card')
     parser.add_argument('--extra-train-args', default='',
                         help="training options the run used that its config does not record, for the card's command")
+    parser.add_argument('--init-command', default='',
+                        help="the command that wrote the run's --init-from weights file, for the card (e.g. "
+                             "'python training/gpu/prune.py sa_quadratic_gen_cifar.c10 DIR --half')")
     parser.add_argument('--out', default='weights', help='folder of Hub-layout weight folders')
     cli.add_data_dir_arg(parser)
     parser.add_argument('--limit', type=cli.positive_int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
     args = parser.parse_args(argv)
     result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
-                   args.hardware, args.extra_train_args)
+                   args.hardware, args.extra_train_args, args.init_command)
     print(json.dumps(result, indent=2))
     return result
 
