@@ -27,11 +27,13 @@ grep -qxF /.gpu/ "$exclude" 2>/dev/null || echo /.gpu/ >> "$exclude"
 # what travels: tracked files still present and untracked ones git does not ignore
 tree=$({ git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r stat -c %s 2>/dev/null |
        awk '{ s += $1 } END { print s + 0 }') || true
-mib=$(( (62 * 1048576 - ${tree:-0}) / 1048576 ))
-[ $mib -ge 8 ] || { echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1; }
-mib=${PART_MIB:-$mib}  # smaller parts, for tests
+# a part and the tree fill a call but for 1 MiB of margin, so that the last part leaves the most room for .gpu/init
+part_bytes=$(( 63 * 1048576 - ${tree:-0} ))
+[ $part_bytes -ge $((8 * 1048576)) ] ||
+  { echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1; }
+[ -z "${PART_MIB:-}" ] || part_bytes=$((PART_MIB * 1048576))  # smaller parts, for tests
 rm -rf .gpu/p[0-9]* .gpu/tmp && mkdir -p .gpu/tmp  # .gpu/init (training/gpu/prune.py's output) stays
-cat "$src/train.npz" "$src/test.npz" | (cd .gpu/tmp && split -b "${mib}M" -d -a 2 - cifar10.)
+cat "$src/train.npz" "$src/test.npz" | (cd .gpu/tmp && split -b "$part_bytes" -d -a 2 - cifar10.)
 { echo "train $(stat -c %s "$src/train.npz") $(sha256sum < "$src/train.npz" | cut -d' ' -f1)"
   echo "test $(stat -c %s "$src/test.npz") $(sha256sum < "$src/test.npz" | cut -d' ' -f1)"; } > .gpu/tmp/sums
 n=0
@@ -39,7 +41,7 @@ for part in .gpu/tmp/cifar10.*; do
   d=.gpu/p${part##*.}; mkdir -p "$d"; mv "$part" "$d/"; cp .gpu/tmp/sums "$d/sums"; n=$((n + 1))
 done
 rm -r .gpu/tmp
-echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $mib MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
+echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
 if [ -d .gpu/init ]; then  # training/gpu/prune.py's output: with the last, smallest part if both fit in one call
   last=.gpu/p$(printf %02d $((n - 1)))
   init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))
