@@ -234,9 +234,10 @@ def test_prepare_and_receive_cifar10(tmp_path):
 
     (repo / '.gpu' / 'init' / 'm').mkdir(parents=True)  # training/gpu/prune.py's output stays, beside the last part
     (repo / '.gpu' / 'init' / 'm' / 'pruned.safetensors').write_bytes(b'p' * 2000)
-    said = script('prepare.sh', cwd=repo)
+    said = script('prepare.sh', '--carry-weights', 'm.c10', cwd=repo)  # a staged folder a run starts from, too
     assert '4 parts of at most 1 MiB' in said and said.endswith('carry .gpu/init with .gpu/p03: 0 MiB with the tree\n')
     assert (repo / '.gpu' / 'init' / 'm' / 'pruned.safetensors').read_bytes() == b'p' * 2000
+    assert (repo / '.gpu' / 'init' / 'weights' / 'm.c10' / 'model.safetensors').read_bytes() == b'w' * 1000
     assert not (repo / 'weights').exists() and (repo / '.git' / 'gpu-aside' / 'weights').is_dir()
     assert '/.gpu/' in (repo / '.git' / 'info' / 'exclude').read_text().split()
     dest = tmp_path / 'c10'

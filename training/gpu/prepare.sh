@@ -6,7 +6,9 @@
 # - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
 #   and sha256 that receive-cifar10.sh checks on the other side; .gpu/init (training/gpu/prune.py's output) stays, and
 #   the last line says whether it fits beside the last part in one call.
-# Usage: training/gpu/prepare.sh [--restore]; CIFAR10_DIR (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10)
+# - --carry-weights ARCH.TAG...: copies those staged folders into .gpu/init/weights/ first, for a run that starts from
+#   them (`--init-from ARCH.TAG` with TIMM_ATTNCONV_WEIGHTS_DIR at their copy on the GPU machine).
+# Usage: training/gpu/prepare.sh [--restore | --carry-weights ARCH.TAG...]; CIFAR10_DIR (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10)
 # holds the npz files.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -18,6 +20,17 @@ if [ "${1:-}" = --restore ]; then
 fi
 src=${CIFAR10_DIR:-${TIMM_ATTNCONV_CIFAR10:-../shared/data/cifar10}}
 [ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] || { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
+if [ "${1:-}" = --carry-weights ]; then
+  shift; [ $# -gt 0 ] || { echo "--carry-weights needs the staged folders to carry, e.g. sa_learned_cifar.c10" >&2; exit 1; }
+  for name in "$@"; do
+    [ -f "weights/$name/model.safetensors" ] ||
+      { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2; exit 1; }
+    rm -rf ".gpu/init/weights/$name" && mkdir -p .gpu/init/weights && cp -r "weights/$name" .gpu/init/weights/
+  done
+  echo "carrying the staged ${*} in .gpu/init/weights"
+elif [ $# -gt 0 ]; then
+  echo "unknown option $1; usage: prepare.sh [--restore | --carry-weights ARCH.TAG...]" >&2; exit 2
+fi
 if [ -d weights ]; then
   [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
   mkdir -p "$aside" && mv weights "$aside/weights"
@@ -42,7 +55,7 @@ for part in .gpu/tmp/cifar10.*; do
 done
 rm -r .gpu/tmp
 echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
-if [ -d .gpu/init ]; then  # training/gpu/prune.py's output: with the last, smallest part if both fit in one call
+if [ -d .gpu/init ]; then  # prune.py's output, staged weights: with the last, smallest part if both fit in one call
   last=.gpu/p$(printf %02d $((n - 1)))
   init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))
   if [ $together -le $((64 * 1048576)) ]; then
