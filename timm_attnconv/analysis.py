@@ -216,6 +216,6 @@ def prune_report(model: nn.Module, min_eig: float = 1e-5, max_cond: float = 1e3,
 
     before = measure()
     degenerate = heads_to_prune(model, min_eig, max_cond)
-    pruned = heads_to_prune(model, min_eig, max_cond, num_heads)
+    pruned = degenerate if num_heads is None else heads_to_prune(model, min_eig, max_cond, num_heads)
     counts = prune_degenerate_heads(model, heads=pruned)
     return dict(before=before, after=measure(), num_heads=list(counts), pruned=pruned, degenerate=degenerate)
