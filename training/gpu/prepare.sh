@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Here, before a GPU session, from the repo root: make the working tree lean and cut CIFAR-10 into as few parts as
 # fit beside it, one per device call (64 MiB a call for tree and part together).
-# - weights/ (30+ MiB of staged safetensors, tracked) moves to .git/gpu-aside/ so that it does not travel with every
-#   call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
+# - weights/ (the staged safetensors, tracked: most of the tree) moves to .git/gpu-aside/ so that it does not travel
+#   with every call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
 # - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
 #   and sha256 that receive-cifar10.sh checks on the other side; .gpu/init (training/gpu/prune.py's output) stays, and
 #   the last line says whether it fits beside the last part in one call.
