@@ -212,6 +212,24 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     assert '\n(1 s)\n' in printed or '\n(2 s)\n' in printed
 
 
+def test_benchmark_from_a_step_skips_the_earlier_ones_and_names_them(tmp_path):
+    # --from K: a later session measures what an earlier one's budget left out; the earlier steps are named, not run
+    calls = tmp_path / 'calls.txt'
+    env = _fake_python3(tmp_path, calls)
+    every = kit('benchmark.sh', '--quick', env=env).splitlines()
+    every_step = [line[2:] for line in every if line.startswith('$ python3 -m timm_attnconv.benchmark')]
+    calls.unlink()
+    printed = kit('benchmark.sh', '--quick', '--from', '7', env=env).splitlines()
+    skipped = [line for line in printed if line.startswith('skipped (step ')]
+    ran = [line[2:] for line in printed if line.startswith('$ python3 -m timm_attnconv.benchmark')]
+    assert skipped == [f'skipped (step {k}, before --from 7): {cmd}' for k, cmd in enumerate(every_step[:6], 1)]
+    assert ran == every_step[6:] and calls.read_text().count('timm_attnconv.benchmark') == len(ran)
+    assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in ran[0]  # step 7: session 32's budget ended before it
+    bad = subprocess.run(['bash', os.path.join(KIT, 'benchmark.sh'), '--from', 'x'], env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and '--from needs a step number from 1 on, not x' in bad.stderr
+
+
 def test_prepare_and_receive_cifar10(tmp_path):
     """prepare.sh sets weights/ aside and cuts the data into parts; receive-cifar10.sh, given one part per call (the
     machine deletes the parts earlier calls carried), joins them once all arrived and checks every byte."""

@@ -8,15 +8,19 @@
 #                     their bases, eager; last (compiled) AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
 #                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
+#   --from K          start at step K (counted from 1 as the steps below run), each earlier one listed as skipped: a
+#                     later session's spare minutes measure the steps an earlier session's budget left out
 #   --quick           2 repetitions instead of 10
-# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--quick] > /tmp/b.out 2>&1 &
+# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--from K] [--quick] > /tmp/b.out 2>&1 &
 set -uo pipefail
-iters=10; profile=0; budget=0
+iters=10; profile=0; budget=0; first=1
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) iters=2;;
     --profile) profile=1;;
     --budget) budget=${2:?--budget needs a number of seconds}; shift;;
+    --from) first=${2:?--from needs a step number}; shift
+            [[ $first =~ ^[1-9][0-9]*$ ]] || { echo "--from needs a step number from 1 on, not $first" >&2; exit 2; };;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
   shift
@@ -43,7 +47,12 @@ run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150
   local rc=${PIPESTATUS[0]}
   if [ "$rc" = 124 ]; then echo "(cut at $limit s)"; else echo "($((SECONDS - started)) s)"; fi | tee -a "$file"
 }
-step() { run_to "$out" "$@"; }
+steps=0
+step() {  # a numbered benchmark step (--from counts these; the op profiles are not steps)
+  steps=$((steps + 1))
+  if [ $steps -lt "$first" ]; then echo "skipped (step $steps, before --from $first): $*" | tee -a "$out"; return; fi
+  run_to "$out" "$@"
+}
 : > "$out"
 python3 -c "import torch, timm; print('torch', torch.__version__, 'timm', timm.__version__,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')" | tee -a "$out"
