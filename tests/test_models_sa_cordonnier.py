@@ -246,15 +246,6 @@ def test_bf16_autocast_keeps_predictions():
     assert (low.float() - ref).abs().max() < 0.1 * ref.abs().max()
 
 
-def test_pretrained_without_weights_is_an_error():
-    with_weights = {name.split('.')[0] for name in timm_attnconv.list_models('sa_*', pretrained=True)}
-    without = sorted(set(timm_attnconv.list_models('sa_*')) - with_weights)
-    if not without:
-        pytest.skip('every SA model has weights')
-    with pytest.raises(RuntimeError, match='has no pretrained weights yet'):
-        timm.create_model(without[0], pretrained=True)
-
-
 def test_forward_intermediates_nhwc():
     model = timm.create_model('sa_quadratic_tiny_cifar').eval()
     x = torch.randn(1, 3, 32, 32)
