@@ -141,6 +141,19 @@ def test_op_profile_prints_each_models_time_and_top_ops():
     assert all('Input Shapes' in t and '[[1, ' in t for t in sections)  # --shapes: a row per op and input shape
 
 
+def test_op_profile_runs_every_model_at_the_size_asked():
+    # benchmark.sh profiles the SA paths at 96 px, where the fast path misses its target; here the compact twin at 48
+    command = [sys.executable, os.path.join(KIT, 'op_profile.py'), '--device', 'cpu', '--amp', 'none',
+               '--batch-size', '1', '--max-warmup', '1', '--steps', '1', '--top', '40', '--shapes', '--img-size', '48',
+               'sa_quadratic_tiny_cifar', 'sa_quadratic_tiny_cifar:{"attn_path": "dense"}']
+    env = dict(os.environ, PYTHONPATH=os.path.join(KIT, '..', '..'), OMP_NUM_THREADS='1')
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
+    sections = out.split('== ')[1:]
+    assert [t.split(', batch')[0] for t in sections] == [
+        'sa_quadratic_tiny_cifar, 48 px', 'sa_quadratic_tiny_cifar {"attn_path": "dense"}, 48 px']
+    assert all('[[1, 3, 48, 48]' in t for t in sections)  # the input itself at that size
+
+
 def _fake_python3(tmp_path, calls, seconds=0):
     """A python3 that writes down its arguments (each ending in \\x1f, a call a line) instead of running, and then
     sleeps SECONDS if it was a benchmark step; PATH and OUT for benchmark.sh with it, DEVICE=cpu."""
@@ -169,7 +182,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
     op_profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(op_profile)
     profiles = [op_profile.parse_args(argv[1:]) for argv in argvs if argv[0] == 'training/gpu/op_profile.py']
-    assert [args.compile for args in profiles] == [False, True]
+    assert [args.compile for args in profiles] == [False, False, True]
     for args in profiles:
         assert args.device == 'cpu' and args.shapes
         assert all(name in timm.list_models() for name, _ in args.models), args.models
@@ -177,6 +190,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
             if kwargs:  # the model takes them
                 timm.create_model(name, **kwargs)
     assert ('ea_aa_resnet50', {'evolve': False}) in profiles[0].models
+    assert profiles[1].img_size == 96 and ('sa_quadratic_cifar', {'attn_path': 'dense'}) in profiles[1].models
 
 
 def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_it(tmp_path):

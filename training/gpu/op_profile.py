@@ -1,9 +1,9 @@
 """Where a model's inference time goes, op by op: the profile to read before optimising the models that miss issue
-18's GPU targets (AA-ResNet-50 against ResNet-50, the EA models against their bases).
+18's GPU targets (AA-ResNet-50 against ResNet-50, the EA models against their bases, the SA fast path at 96 px).
 
     PYTHONPATH=. python3 training/gpu/op_profile.py aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ...
 
-Each MODEL[:JSON kwargs] at its default input size, in eval mode, under --amp autocast (default bf16), optionally
+Each MODEL[:JSON kwargs] at its default input size (or --img-size), in eval mode, under --amp autocast (default bf16), optionally
 compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over --steps forward passes
 with torch.profiler; printed: its time per image and the --top ops by self time on the device (the CPU when --device
 cpu). Run it on an idle GPU.
@@ -28,6 +28,8 @@ def profile(name, kwargs, args):
     device = torch.device(args.device)
     model = timm.create_model(name, **kwargs).eval().to(device)
     size = model.pretrained_cfg['input_size']
+    if args.img_size:
+        size = (size[0], args.img_size, args.img_size)
     x = torch.randn(args.batch_size, *size, device=device)
     run = inference_call(torch.compile(model) if args.compile else model, x, AMP_DTYPES[args.amp])
     warm_up(run, device, max_runs=args.max_warmup)
@@ -53,6 +55,7 @@ def parse_args(argv=None):
     parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='bf16')
     parser.add_argument('--compile', action='store_true')
     parser.add_argument('--batch-size', type=int, default=128)
+    parser.add_argument('--img-size', type=int, help='input height and width of every model (default: its own)')
     parser.add_argument('--max-warmup', type=int, default=MAX_WARMUP,
                         help='warm-up runs at most (until two timings agree)')
     parser.add_argument('--steps', type=int, default=5)
