@@ -12,7 +12,8 @@
 #   --from K          start at step K (counted from 1 as the steps below run), each earlier one listed as skipped: a
 #                     later session's spare minutes measure the steps an earlier session's budget left out
 #   --quick           2 repetitions instead of 10
-# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--from K] [--quick] > /tmp/b.out 2>&1 &
+# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--from K] [--quick] \
+#          > /tmp/b.out 2>&1 &
 set -uo pipefail
 iters=10; profile=0; budget=0; first=1
 while [ $# -gt 0 ]; do

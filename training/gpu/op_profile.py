@@ -3,10 +3,10 @@
 
     PYTHONPATH=. python3 training/gpu/op_profile.py aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ...
 
-Each MODEL[:JSON kwargs] at its default input size (or --img-size), in eval mode, under --amp autocast (default bf16), optionally
-compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over --steps forward passes
-with torch.profiler; printed: its time per image and the --top ops by self time on the device (the CPU when --device
-cpu). Run it on an idle GPU.
+Each MODEL[:JSON kwargs] at its default input size (or --img-size), in eval mode, under --amp autocast (default
+bf16), optionally compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over
+--steps forward passes with torch.profiler; printed: its time per image and the --top ops by self time on the device
+(the CPU when --device cpu). Run it on an idle GPU.
 """
 import argparse
 import json
