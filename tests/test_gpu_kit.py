@@ -144,14 +144,14 @@ def test_op_profile_prints_each_models_time_and_top_ops():
 def test_op_profile_runs_every_model_at_the_size_asked():
     # benchmark.sh profiles the SA paths at 96 px, where the fast path misses its target; here the compact twin at 48
     command = [sys.executable, os.path.join(KIT, 'op_profile.py'), '--device', 'cpu', '--amp', 'none',
-               '--batch-size', '1', '--max-warmup', '1', '--steps', '1', '--top', '40', '--shapes', '--img-size', '48',
-               'sa_quadratic_tiny_cifar', 'sa_quadratic_tiny_cifar:{"attn_path": "dense"}']
+               '--batch-size', '1', '--max-warmup', '1', '--steps', '1', '--top', '1000', '--shapes',
+               '--img-size', '48', 'sa_quadratic_tiny_cifar', 'sa_quadratic_tiny_cifar:{"attn_path": "dense"}']
     env = dict(os.environ, PYTHONPATH=os.path.join(KIT, '..', '..'), OMP_NUM_THREADS='1')
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True).stdout
     sections = out.split('== ')[1:]
     assert [t.split(', batch')[0] for t in sections] == [
         'sa_quadratic_tiny_cifar, 48 px', 'sa_quadratic_tiny_cifar {"attn_path": "dense"}, 48 px']
-    assert all('[[1, 3, 48, 48]' in t for t in sections)  # the input itself at that size
+    assert all('[[1, 3, 48, 48]' in t for t in sections)  # the input itself at that size (every op row: --top 1000)
 
 
 def _fake_python3(tmp_path, calls, seconds=0):
