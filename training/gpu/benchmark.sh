@@ -86,7 +86,8 @@ if [ $profile = 1 ]; then  # where the time of the models that miss the targets 
   : > "$profile_out"
   run_to "$profile_out" $P aa_resnet50 resnet50 'ea_aa_resnet50:{"evolve": false}' ea_aa_resnet50 \
     deit_ea_small_patch16_224 deit_small_patch16_224
-  # at 96 px the fast path does 4.7x fewer MACs than dense, yet ran only 1.36x faster on an H100 (BENCHMARK.md)
+  # at 96 px the fast path does 4.7x fewer MACs than the original algorithm (dense maps, projections unfolded), yet
+  # ran only 1.36x faster than it on an H100 (BENCHMARK.md); dense is the original's attention without the unfolding
   run_to "$profile_out" $P --img-size 96 --batch-size 64 sa_quadratic_cifar "sa_quadratic_cifar:$DENSE"
 fi
 targets --compile
