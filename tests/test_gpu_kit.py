@@ -61,6 +61,32 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     said = kit('collect.sh', 'sa_learned_cifar', '0', '--weights', 'ema', env=dict(env, OUT=str(ema_call)))
     assert 'every part is out' in said and sorted(os.listdir(ema_call / 'sa_learned_cifar')) == [
         'config.json', 'ema.safetensors.part00', 'log.jsonl', 'manifest.json']
+    # the checkpoint itself, for a later session to resume: byte for byte
+    checkpoint_call = tmp_path / 'out4'
+    said = kit('collect.sh', 'sa_learned_cifar', '--checkpoint', env=dict(env, OUT=str(checkpoint_call)))
+    assert 'every part is out' in said
+    transfer_main(['join', str(tmp_path / 'carried'), str(checkpoint_call / 'sa_learned_cifar')])
+    assert (tmp_path / 'carried' / 'last.pth.tar').read_bytes() == (
+        tmp_path / 'runs' / 'sa_learned_cifar' / 'last.pth.tar').read_bytes()
+
+
+def test_launch_resumes_a_checkpoint_carried_from_an_earlier_session(tmp_path):
+    # prepare.sh --carry-run puts it in .gpu/init/runs/NAME (CARRIED here); launch.sh copies it into the run folder,
+    # where the trainer resumes it (exactly: tests/test_transfer.py), unless this machine's run has one of its own
+    calls, carried = tmp_path / 'calls.txt', tmp_path / 'carried' / 'ea_aa_resnet20_cifar' / 'last.pth.tar'
+    carried.parent.mkdir(parents=True)
+    carried.write_bytes(b'session 1')
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
+    env = dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data'), CARRIED=str(carried.parent.parent))
+    said = kit('launch.sh', 'ea_aa_resnet20_cifar', env=env)
+    run = tmp_path / 'runs' / 'ea_aa_resnet20_cifar'
+    assert f'launch.sh: resuming the checkpoint carried in {carried}' in said
+    assert (run / 'last.pth.tar').read_bytes() == b'session 1'
+    (run / 'last.pth.tar').write_bytes(b'session 2, epoch 5')  # the relaunched run's own, newer
+    said = kit('launch.sh', 'ea_aa_resnet20_cifar', env=env)
+    assert 'has a checkpoint of its own, which resumes' in said
+    assert (run / 'last.pth.tar').read_bytes() == b'session 2, epoch 5'
 
 
 def test_a_run_whose_compile_fails_trains_on_without_it(tmp_path, synthetic_cifar10):
@@ -266,10 +292,17 @@ def test_prepare_and_receive_cifar10(tmp_path):
 
     (repo / '.gpu' / 'init' / 'm').mkdir(parents=True)  # training/gpu/prune.py's output stays, beside the last part
     (repo / '.gpu' / 'init' / 'm' / 'pruned.safetensors').write_bytes(b'p' * 2000)
-    said = script('prepare.sh', '--carry-weights', 'm.c10', cwd=repo)  # a staged folder a run starts from, too
+    run = tmp_path / 'joined'  # what `transfer join` wrote from collect.sh --checkpoint in an earlier session
+    run.mkdir()
+    (run / 'config.json').write_text(json.dumps(dict(model='ea_aa_resnet20_cifar', epochs=100)))
+    (run / 'last.pth.tar').write_bytes(b'c' * 3000)
+    # a staged folder a run starts from, and a run to resume
+    said = script('prepare.sh', '--carry-weights', 'm.c10', '--carry-run', str(run), cwd=repo)
     assert '4 parts of at most 1 MiB' in said and said.endswith('carry .gpu/init with .gpu/p03: 0 MiB with the tree\n')
+    assert 'launch.sh ea_aa_resnet20_cifar resumes it' in said
     assert (repo / '.gpu' / 'init' / 'm' / 'pruned.safetensors').read_bytes() == b'p' * 2000
     assert (repo / '.gpu' / 'init' / 'weights' / 'm.c10' / 'model.safetensors').read_bytes() == b'w' * 1000
+    assert (repo / '.gpu' / 'init' / 'runs' / 'ea_aa_resnet20_cifar' / 'last.pth.tar').read_bytes() == b'c' * 3000
     assert not (repo / 'weights').exists() and (repo / '.git' / 'gpu-aside' / 'weights').is_dir()
     assert '/.gpu/' in (repo / '.git' / 'info' / 'exclude').read_text().split()
     dest = tmp_path / 'c10'
@@ -282,6 +315,17 @@ def test_prepare_and_receive_cifar10(tmp_path):
         assert ('carry the next part' in said) == (i < 3), said
     assert 'sha256 checked' in said
     assert all((dest / name).read_bytes() == payload for name, payload in data.items())
+
+    # a checkpoint that no call could carry (a paper-size SA model's: about 190 MiB) is refused, not cut
+    with open(run / 'last.pth.tar', 'wb') as f:
+        f.truncate(70 << 20)  # sparse: 70 MiB to du -b, nothing on disk
+    refused = subprocess.run(['bash', os.path.join(os.path.abspath(KIT), 'prepare.sh'), '--carry-run', str(run)],
+                             cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and '.gpu/init holds 70 MiB: with the tree, more than one call carries' in \
+        refused.stderr
+    bad = subprocess.run(['bash', os.path.join(os.path.abspath(KIT), 'prepare.sh'), '--carry-run'], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and '--carry-run needs what to carry' in bad.stderr
 
     script('prepare.sh', '--restore', cwd=repo)
     assert (repo / 'weights' / 'm.c10' / 'model.safetensors').read_bytes() == b'w' * 1000

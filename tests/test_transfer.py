@@ -13,7 +13,7 @@ from timm_attnconv.stage import _read_run
 from timm_attnconv.train import main as train_main
 from timm_attnconv.transfer import export, join, main as transfer_main
 
-from .test_train import TINY
+from .test_train import TINY, assert_same_run, strict_log
 
 # every run here trains on the synthetic CIFAR-10 as the default data folder: TINY names none
 pytestmark = pytest.mark.usefixtures('synthetic_cifar10_as_default')
@@ -107,3 +107,24 @@ def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, 
     assert tuned['config']['init_from'] == weights
     source = read_checkpoint(str(run / 'last.pth.tar'))['model']
     assert all(torch.equal(tuned['model'][k], v) for k, v in source.items())
+
+
+def test_a_checkpoint_exported_in_parts_resumes_exactly_where_it_was_joined(tmp_path):
+    # a run stopped mid-epoch on one machine goes on from the joined checkpoint on another and ends as a run that
+    # was never stopped
+    whole, stopped, resumed = tmp_path / 'whole', tmp_path / 'stopped', tmp_path / 'resumed'
+    train_main(TINY + ['--output', str(whole)])
+    train_main(TINY + ['--output', str(stopped), '--max-steps', '4'])
+    calls = export_calls(stopped, tmp_path, part_bytes=16_384, checkpoint=True)
+    parts = [f.name for call in calls for f in call.glob('*.part*')]
+    assert len(calls) == 2 and len(parts) > 5 and all(name.startswith('last.pth.tar.part') for name in parts)
+    digests = join(str(resumed), [str(c) for c in calls])
+    data = (resumed / 'last.pth.tar').read_bytes()
+    assert data == (stopped / 'last.pth.tar').read_bytes() and digests == {
+        'last.pth.tar': hashlib.sha256(data).hexdigest()}
+    assert _read_run(str(resumed))['resumable']  # stage reads it as the run it is, 1 step into epoch 2
+    train_main(TINY + ['--output', str(resumed)])
+    assert_same_run(whole, resumed)
+    assert strict_log(resumed) == strict_log(whole)
+    with pytest.raises(ValueError, match='--checkpoint exports the whole training state, .*: drop --weights ema'):
+        export(str(stopped), str(tmp_path / 'bad'), weights='ema', checkpoint=True)

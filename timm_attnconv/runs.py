@@ -5,6 +5,7 @@ inside it) and the log.
 transfer) reads them through it, so that none of them depends on the trainer.
 """
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -89,13 +90,14 @@ def build_model(config: Dict[str, Any]) -> nn.Module:
     return timm.create_model(config['model'], num_classes=10, **config['model_kwargs'])
 
 
-def read_checkpoint(path: str) -> Dict[str, Any]:
+def read_checkpoint(path: str, data: Optional[bytes] = None) -> Dict[str, Any]:
     """A training checkpoint, loaded on the CPU and checked against the sha256 digest it carries (one from before
-    checkpoints carried a digest loads with a warning)."""
-    if not os.path.isfile(path):
+    checkpoints carried a digest loads with a warning). ``data``: the file's bytes, read once by a caller that also
+    passes them on (a running training may replace the file at any time); ``path`` then only names it."""
+    if data is None and not os.path.isfile(path):
         raise FileNotFoundError(f'no training checkpoint at {path!r}')
     try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
+        state = torch.load(path if data is None else io.BytesIO(data), map_location='cpu', weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
         raise ValueError(f'cannot read {path!r} as a training checkpoint ({type(e).__name__}: {e}): the file is '
                          f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e

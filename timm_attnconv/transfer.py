@@ -1,18 +1,20 @@
 """Bring a training run back from a machine that returns files in limited sizes, as a run folder ``stage`` reads.
 
-    python -m timm_attnconv.transfer export RUN OUT [--start N] [--weights ema]  # there: the next parts into OUT
+    python -m timm_attnconv.transfer export RUN OUT [--start N] [--weights ema | --checkpoint]  # there: next parts
     python -m timm_attnconv.transfer join FOLDER PARTS [PARTS ...]  # here: the parts of every call into FOLDER
 
 ``export`` reads the run's training checkpoint (digest-checked) and writes its weights, and its EMA weights when the
 run kept them (``--weights model`` or ``ema``: only those, in half the calls), as float32 safetensors with the model's
 own keys (``model.safetensors``, ``ema.safetensors``), cut into parts of at most 15 MiB (``model.safetensors.part00``,
-...). One call returns at most 8 files and 64 MiB, so each call writes the parts that fit beside three small files:
-``manifest.json`` (size and sha256 of each weights file and of each of its parts), ``config.json`` (the run config as
-the checkpoint records it) and ``log.jsonl``. It prints the ``--start`` of the next call until every part is out.
+...). ``--checkpoint`` writes the checkpoint file itself instead (``last.pth.tar``: weights, EMA, optimizer,
+scheduler and random states), for a run that a later session resumes (``training/gpu/README.md``). One call returns
+at most 8 files and 64 MiB, so each call writes the parts that fit beside three small files: ``manifest.json`` (size
+and sha256 of each file and of each of its parts), ``config.json`` (the run config as the checkpoint records it) and
+``log.jsonl``. It prints the ``--start`` of the next call until every part is out.
 
 ``join`` concatenates the parts found in the given folders (one per call), checks every sha256 against the manifest,
-and writes ``model.safetensors`` / ``ema.safetensors`` byte for byte as exported, beside ``config.json`` and
-``log.jsonl``: the folder ``python -m timm_attnconv.stage`` stages.
+and writes ``model.safetensors`` / ``ema.safetensors`` (or ``last.pth.tar``) byte for byte as exported, beside
+``config.json`` and ``log.jsonl``: the folder ``python -m timm_attnconv.stage`` stages.
 """
 import hashlib
 import json
@@ -49,15 +51,27 @@ def _weights_bytes(state: Dict[str, Any], keys: Sequence[str]) -> Dict[str, byte
 
 
 def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BYTES, max_files: int = CALL_FILES,
-           max_bytes: int = CALL_BYTES, weights: str = 'both') -> Dict[str, Any]:
+           max_bytes: int = CALL_BYTES, weights: str = 'both', checkpoint: bool = False) -> Dict[str, Any]:
     """Write the small files and the parts from number ``start`` on that fit one call into ``out_dir``; ``weights``:
-    ``'both'`` (the weights and, if kept, the EMA), ``'model'`` or ``'ema'``. Returns ``{'parts': count of all parts,
-    'written': names written, 'next': the next call's start or None}``."""
-    state = read_checkpoint(os.path.join(run_dir, CHECKPOINT))
-    if weights == 'ema' and state.get('ema') is None:
-        raise ValueError(f'{run_dir!r} kept no EMA weights (it was trained without --model-ema): export --weights '
-                         f'model')
-    files = _weights_bytes(state, list(WEIGHTS_FILES) if weights == 'both' else [weights])
+    ``'both'`` (the weights and, if kept, the EMA), ``'model'`` or ``'ema'``; ``checkpoint``: the checkpoint file
+    instead, byte for byte. Returns ``{'parts': count of all parts, 'written': names written, 'next': the next call's
+    start or None}``."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    if checkpoint:
+        if weights != 'both':
+            raise ValueError(f'--checkpoint exports the whole training state, weights and EMA included: drop '
+                             f'--weights {weights}')
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'no training checkpoint at {path!r}')
+        with open(path, 'rb') as f:  # read once: the run may write its next checkpoint meanwhile
+            data = f.read()
+        state, files = read_checkpoint(path, data), {CHECKPOINT: data}
+    else:
+        state = read_checkpoint(path)
+        if weights == 'ema' and state.get('ema') is None:
+            raise ValueError(f'{run_dir!r} kept no EMA weights (it was trained without --model-ema): export '
+                             f'--weights model')
+        files = _weights_bytes(state, list(WEIGHTS_FILES) if weights == 'both' else [weights])
     parts = [(name, i, data[offset:offset + part_bytes])
              for name, data in files.items() for i, offset in enumerate(range(0, len(data), part_bytes))]
     if not 0 <= start < len(parts):
@@ -153,13 +167,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     out.add_argument('--weights', choices=('both', 'model', 'ema'), default='both',
                      help='which weights to export; model or ema take half the calls (the last test in the run\'s '
                           'log says which scored higher); every call of one export passes the same')
+    out.add_argument('--checkpoint', action='store_true',
+                     help='export the training checkpoint itself (weights, EMA, optimizer and random states), for a '
+                          'run that a later session resumes; every call of one export passes it')
     back = commands.add_parser('join', help='join the parts of every call into a run folder')
-    back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors, config.json, log.jsonl)')
+    back.add_argument('run', help='run folder to write (model.safetensors / ema.safetensors or last.pth.tar, '
+                                  'config.json, log.jsonl)')
     back.add_argument('parts', nargs='+', help='the folders the export calls wrote, one per call')
     args = parser.parse_args(argv)
     if args.command == 'export':
         result = export(args.run, args.out, args.start, max_files=args.max_files, max_bytes=args.max_bytes,
-                        weights=args.weights)
+                        weights=args.weights, checkpoint=args.checkpoint)
         print(f"wrote {', '.join(result['written'])} ({result['parts']} parts in all); " + (
             'every part is out' if result['next'] is None else f"next call: --start {result['next']}"))
     else:

@@ -3,7 +3,8 @@
 # with setsid nohup so that it outlives the device tool's 10-minute command (it runs until it finishes or the machine
 # goes back). Output: $RUNS/NAME (checkpoint, log.jsonl, train.out). Extra arguments are appended to the recipe's
 # (a later option wins), e.g. `launch.sh sa_learned_cifar --epochs 1 --train-limit 5120` for a smoke run.
-# Running it again resumes the run from its checkpoint. COMPILE=0 trains without torch.compile; a run whose compile
+# Running it again resumes the run from its checkpoint, and so does a checkpoint an earlier session brought back and
+# carried (prepare.sh --carry-run). COMPILE=0 trains without torch.compile; a run whose compile
 # fails goes on without it by itself.
 # Usage: training/gpu/launch.sh NAME [TRAIN ARGS...]
 set -euo pipefail
@@ -40,6 +41,17 @@ case $name in
   *)
     echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
 esac
+# a run an earlier session started: the checkpoint it brought back (collect.sh --checkpoint) and prepare.sh
+# --carry-run carried resumes here, unless this machine's run has a checkpoint of its own (relaunched this session)
+carried=${CARRIED:-.gpu/init/runs}/$name/last.pth.tar
+if [ -f "$carried" ]; then
+  if [ -f "$runs/$name/last.pth.tar" ]; then
+    echo "launch.sh: $runs/$name has a checkpoint of its own, which resumes; $carried is not used"
+  else
+    mkdir -p "$runs/$name" && cp "$carried" "$runs/$name/"
+    echo "launch.sh: resuming the checkpoint carried in $carried"
+  fi
+fi
 mkdir -p "$runs/$name"
 cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" --device cuda --amp bf16
      --eval-every 10 "$@")

@@ -8,8 +8,11 @@
 #   the last line says whether it fits beside the last part in one call.
 # - --carry-weights ARCH.TAG...: copies those staged folders into .gpu/init/weights/ first, for a run that starts from
 #   them (`--init-from ARCH.TAG` with TIMM_ATTNCONV_WEIGHTS_DIR at their copy on the GPU machine).
-# Usage: training/gpu/prepare.sh [--restore | --carry-weights ARCH.TAG...]; CIFAR10_DIR (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10)
-# holds the npz files.
+# - --carry-run FOLDER...: copies the training checkpoint of each folder (one that `transfer join` wrote from
+#   `collect.sh NAME --checkpoint` in an earlier session) into .gpu/init/runs/NAME/, where launch.sh NAME finds it and
+#   resumes it: a run that spans sessions. Everything in .gpu/init must fit one call beside the tree, or it refuses.
+# Usage: training/gpu/prepare.sh [--restore | [--carry-weights ARCH.TAG...] [--carry-run FOLDER...]]; CIFAR10_DIR
+# (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10) holds the npz files.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 aside=$(git rev-parse --git-dir)/gpu-aside
@@ -20,17 +23,35 @@ if [ "${1:-}" = --restore ]; then
 fi
 src=${CIFAR10_DIR:-${TIMM_ATTNCONV_CIFAR10:-../shared/data/cifar10}}
 [ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] || { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
-if [ "${1:-}" = --carry-weights ]; then
-  shift; [ $# -gt 0 ] || { echo "--carry-weights needs the staged folders to carry, e.g. sa_learned_cifar.c10" >&2; exit 1; }
-  for name in "$@"; do
-    [ -f "weights/$name/model.safetensors" ] ||
-      { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2; exit 1; }
-    rm -rf ".gpu/init/weights/$name" && mkdir -p .gpu/init/weights && cp -r "weights/$name" .gpu/init/weights/
-  done
-  echo "carrying the staged ${*} in .gpu/init/weights"
-elif [ $# -gt 0 ]; then
-  echo "unknown option $1; usage: prepare.sh [--restore | --carry-weights ARCH.TAG...]" >&2; exit 2
-fi
+staged=(); runs=(); option=
+for arg in "$@"; do
+  case $arg in
+    --carry-weights|--carry-run) option=$arg;;
+    -*) option=;&
+    *) case $option in
+         --carry-weights) staged+=("$arg");;
+         --carry-run) runs+=("$arg");;
+         *) echo "unknown argument $arg; usage: prepare.sh [--restore |" \
+                 "[--carry-weights ARCH.TAG...] [--carry-run FOLDER...]]" >&2; exit 2;;
+       esac;;
+  esac
+done
+[ -z "$option" ] || [ ${#staged[@]} -gt 0 ] || [ ${#runs[@]} -gt 0 ] ||
+  { echo "$option needs what to carry: staged folders (sa_learned_cifar.c10) or run folders (runs/NAME-h100)" >&2; exit 1; }
+for name in "${staged[@]}"; do
+  [ -f "weights/$name/model.safetensors" ] ||
+    { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2; exit 1; }
+  rm -rf ".gpu/init/weights/$name" && mkdir -p .gpu/init/weights && cp -r "weights/$name" .gpu/init/weights/
+  echo "carrying the staged $name in .gpu/init/weights"
+done
+for run in "${runs[@]}"; do
+  [ -f "$run/last.pth.tar" ] && [ -f "$run/config.json" ] ||
+    { echo "no last.pth.tar beside a run's config.json in $run: name a folder that \`python -m" \
+           "timm_attnconv.transfer join\` wrote from the calls of \`collect.sh NAME --checkpoint\`" >&2; exit 1; }
+  name=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"])' "$run/config.json")
+  rm -rf ".gpu/init/runs/$name" && mkdir -p ".gpu/init/runs/$name" && cp "$run/last.pth.tar" ".gpu/init/runs/$name/"
+  echo "carrying the checkpoint of $run in .gpu/init/runs/$name: launch.sh $name resumes it"
+done
 if [ -d weights ]; then
   [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
   mkdir -p "$aside" && mv weights "$aside/weights"
@@ -60,7 +81,10 @@ if [ -d .gpu/init ]; then  # prune.py's output, staged weights: with the last, s
   init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))
   if [ $together -le $((64 * 1048576)) ]; then
     echo "carry .gpu/init with $last: $((together / 1048576)) MiB with the tree"
-  else
+  elif [ $(( ${tree:-0} + init )) -le $((64 * 1048576)) ]; then
     echo "carry .gpu/init in a call of its own ($((init / 1048576)) MiB): it does not fit beside $last"
+  else
+    echo ".gpu/init holds $((init / 1048576)) MiB: with the tree, more than one call carries (64 MiB). Carry less (a" \
+         "paper-size SA model's checkpoint, about 190 MiB with its AdamW moments and EMA, never fits)" >&2; exit 1
   fi
 fi
