@@ -4,7 +4,7 @@
 # goes back). Output: $RUNS/NAME (checkpoint, log.jsonl, train.out). Extra arguments are appended to the recipe's
 # (a later option wins), e.g. `launch.sh sa_learned_cifar --epochs 1 --train-limit 5120` for a smoke run.
 # Running it again resumes the run from its checkpoint, and so does a checkpoint an earlier session brought back and
-# carried (prepare.sh --carry-run). COMPILE=0 trains without torch.compile; a run whose compile
+# carried (prepare.sh --carry-run, receive.sh). COMPILE=0 trains without torch.compile; a run whose compile
 # fails goes on without it by itself.
 # Usage: training/gpu/launch.sh NAME [TRAIN ARGS...]
 set -euo pipefail
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."  # the repo root, whose timm_attnconv the runs import
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 name=${1:?usage: launch.sh NAME [TRAIN ARGS...]; NAME: sa_learned_cifar, sa_quadratic_gen_cifar, ...}; shift
 runs=${RUNS:-/tmp/runs}; data=${DATA:-/tmp/c10}
-[ -f "$data/train.npz" ] || { echo "no CIFAR-10 in $data: carry the parts with training/gpu/receive-cifar10.sh first" >&2; exit 1; }
+[ -f "$data/train.npz" ] || { echo "no CIFAR-10 in $data: carry the parts with training/gpu/receive.sh first" >&2; exit 1; }
 # the recipe of sa_quadratic_cifar.c10 (91.55% after 90 of 100 epochs on one H100)
 sa=(--epochs 100 --batch-size 256 --opt adamw --lr 1e-3 --weight-decay 0.05 --warmup-epochs 5 --smoothing 0.1
     --model-ema --model-ema-decay 0.9995 --clip-grad 1.0)
@@ -41,17 +41,8 @@ case $name in
   *)
     echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
 esac
-# a run an earlier session started: the checkpoint it brought back (collect.sh --checkpoint) and prepare.sh
-# --carry-run carried resumes here, unless this machine's run has a checkpoint of its own (relaunched this session)
-carried=${CARRIED:-.gpu/init/runs}/$name/last.pth.tar
-if [ -f "$carried" ]; then
-  if [ -f "$runs/$name/last.pth.tar" ]; then
-    echo "launch.sh: $runs/$name has a checkpoint of its own, which resumes; $carried is not used"
-  else
-    mkdir -p "$runs/$name" && cp "$carried" "$runs/$name/"
-    echo "launch.sh: resuming the checkpoint carried in $carried"
-  fi
-fi
+# this session's own, or one an earlier session brought back (collect.sh --checkpoint) and carried (prepare.sh --carry-run)
+[ ! -f "$runs/$name/last.pth.tar" ] || echo "launch.sh: the run resumes $runs/$name/last.pth.tar"
 mkdir -p "$runs/$name"
 cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" --device cuda --amp bf16
      --eval-every 10 "$@")

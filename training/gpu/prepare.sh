@@ -4,13 +4,13 @@
 # - weights/ (the staged safetensors, tracked: most of the tree) moves to .git/gpu-aside/ so that it does not travel
 #   with every call; `training/gpu/prepare.sh --restore` puts it back (do it before staging or testing).
 # - train.npz and test.npz are cut as one stream into .gpu/p00, .gpu/p01, ... (ignored by git), each with the sizes
-#   and sha256 that receive-cifar10.sh checks on the other side; .gpu/init (training/gpu/prune.py's output) stays, and
-#   the last line says whether it fits beside the last part in one call.
+#   and sha256 that receive.sh checks on the other side; .gpu/init (training/gpu/prune.py's output) stays, and the
+#   last line says whether it fits beside the last part in one call.
 # - --carry-weights ARCH.TAG...: copies those staged folders into .gpu/init/weights/ first, for a run that starts from
 #   them (`--init-from ARCH.TAG` with TIMM_ATTNCONV_WEIGHTS_DIR at their copy on the GPU machine).
-# - --carry-run FOLDER...: copies the training checkpoint of each folder (one that `transfer join` wrote from
-#   `collect.sh NAME --checkpoint` in an earlier session) into .gpu/init/runs/NAME/, where launch.sh NAME finds it and
-#   resumes it: a run that spans sessions. Everything in .gpu/init must fit one call beside the tree, or it refuses.
+# - --carry-run FOLDER...: the training checkpoint of each folder (one that `transfer join` wrote from `collect.sh
+#   NAME --checkpoint` in an earlier session) joins the stream after the data; receive.sh puts it in /tmp/runs/NAME,
+#   where launch.sh NAME resumes it: a run that spans sessions, with a checkpoint of any size.
 # Usage: training/gpu/prepare.sh [--restore | [--carry-weights ARCH.TAG...] [--carry-run FOLDER...]]; CIFAR10_DIR
 # (default $TIMM_ATTNCONV_CIFAR10, else ../shared/data/cifar10) holds the npz files.
 set -euo pipefail
@@ -44,13 +44,19 @@ for name in "${staged[@]}"; do
   rm -rf ".gpu/init/weights/$name" && mkdir -p .gpu/init/weights && cp -r "weights/$name" .gpu/init/weights/
   echo "carrying the staged $name in .gpu/init/weights"
 done
+# what the parts carry, in stream order: a line per file (what, size, sha256) for receive.sh
+stream=("$src/train.npz" "$src/test.npz")
+sums="train $(stat -c %s "$src/train.npz") $(sha256sum < "$src/train.npz" | cut -d' ' -f1)
+test $(stat -c %s "$src/test.npz") $(sha256sum < "$src/test.npz" | cut -d' ' -f1)"
 for run in "${runs[@]}"; do
   [ -f "$run/last.pth.tar" ] && [ -f "$run/config.json" ] ||
     { echo "no last.pth.tar beside a run's config.json in $run: name a folder that \`python -m" \
            "timm_attnconv.transfer join\` wrote from the calls of \`collect.sh NAME --checkpoint\`" >&2; exit 1; }
   name=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["model"])' "$run/config.json")
-  rm -rf ".gpu/init/runs/$name" && mkdir -p ".gpu/init/runs/$name" && cp "$run/last.pth.tar" ".gpu/init/runs/$name/"
-  echo "carrying the checkpoint of $run in .gpu/init/runs/$name: launch.sh $name resumes it"
+  stream+=("$run/last.pth.tar")
+  sums+="
+run/$name $(stat -c %s "$run/last.pth.tar") $(sha256sum < "$run/last.pth.tar" | cut -d' ' -f1)"
+  echo "carrying the checkpoint of $run after the data: receive.sh puts it in /tmp/runs/$name, launch.sh $name resumes it"
 done
 if [ -d weights ]; then
   [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
@@ -67,9 +73,8 @@ part_bytes=$(( 63 * 1048576 - ${tree:-0} ))
   { echo "the working tree weighs $((tree / 1048576)) MiB: too much to carry parts beside it" >&2; exit 1; }
 [ -z "${PART_MIB:-}" ] || part_bytes=$((PART_MIB * 1048576))  # smaller parts, for tests
 rm -rf .gpu/p[0-9]* .gpu/tmp && mkdir -p .gpu/tmp  # .gpu/init (training/gpu/prune.py's output) stays
-cat "$src/train.npz" "$src/test.npz" | (cd .gpu/tmp && split -b "$part_bytes" -d -a 2 - cifar10.)
-{ echo "train $(stat -c %s "$src/train.npz") $(sha256sum < "$src/train.npz" | cut -d' ' -f1)"
-  echo "test $(stat -c %s "$src/test.npz") $(sha256sum < "$src/test.npz" | cut -d' ' -f1)"; } > .gpu/tmp/sums
+cat "${stream[@]}" | (cd .gpu/tmp && split -b "$part_bytes" -d -a 2 - cifar10.)
+echo "$sums" > .gpu/tmp/sums
 n=0
 for part in .gpu/tmp/cifar10.*; do
   d=.gpu/p${part##*.}; mkdir -p "$d"; mv "$part" "$d/"; cp .gpu/tmp/sums "$d/sums"; n=$((n + 1))
@@ -84,7 +89,7 @@ if [ -d .gpu/init ]; then  # prune.py's output, staged weights: with the last, s
   elif [ $(( ${tree:-0} + init )) -le $((64 * 1048576)) ]; then
     echo "carry .gpu/init in a call of its own ($((init / 1048576)) MiB): it does not fit beside $last"
   else
-    echo ".gpu/init holds $((init / 1048576)) MiB: with the tree, more than one call carries (64 MiB). Carry less (a" \
-         "paper-size SA model's checkpoint, about 190 MiB with its AdamW moments and EMA, never fits)" >&2; exit 1
+    echo ".gpu/init holds $((init / 1048576)) MiB: with the tree, more than one call carries (64 MiB); carry less" >&2
+    exit 1
   fi
 fi
