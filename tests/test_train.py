@@ -4,6 +4,7 @@ altered checkpoint. ``train(TrainConfig(...))`` trains from Python what the comm
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from timm_attnconv import evaluate as evaluate_cli, runs, train as train_module
+from timm_attnconv.data import normalize
 from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
 from timm_attnconv.train import TrainConfig, main as train_main, train
@@ -63,6 +65,28 @@ def test_interrupted_run_resumes_exactly(tmp_path, whole):
     train_main(TINY + ['--output', str(tmp_path)])
     assert_same_run(whole, tmp_path)
     assert strict_log(tmp_path) == log
+
+
+def test_sigterm_stops_at_the_next_step_with_a_checkpoint_that_resumes_exactly(tmp_path, whole, monkeypatch):
+    # what `pkill -TERM` does to a GPU run before its checkpoint is collected (training/gpu/README.md, plan D): the
+    # signal arrives during step 4, the run finishes that step, saves and returns; the same command resumes it
+    steps = []
+
+    def normalize_then_signal(*args, **kwargs):
+        steps.append(len(steps) + 1)
+        if len(steps) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return normalize(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, 'normalize', normalize_then_signal)
+    handler = signal.getsignal(signal.SIGTERM)
+    stopped = train_main(TINY + ['--output', str(tmp_path)])
+    assert stopped['stopped'] and (stopped['epoch'], stopped['step_in_epoch']) == (1, 1) and len(steps) == 4
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's own handler is gone with it
+    monkeypatch.undo()
+    train_main(TINY + ['--output', str(tmp_path)])
+    assert_same_run(whole, tmp_path)
+    assert strict_log(tmp_path) == strict_log(whole)
 
 
 @pytest.mark.parametrize('point', ['after the checkpoint, before the log', 'before the checkpoint rename'])
