@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import timm
 import torch
 
 from timm_attnconv import evaluate as evaluate_cli, runs, train as train_module
@@ -295,6 +296,23 @@ def test_init_from_pretrained_weights(tmp_path):
     assert all(torch.allclose(v, start[k], atol=1e-4) for k, v in model.state_dict().items())
     with pytest.raises(ValueError, match='init_from'):
         train_main(args[:2] + args[4:])
+
+
+def test_a_run_trains_a_cifar10_model_whatever_dataset_its_cfg_is_for():
+    # aa_wide_resnet28_10_cifar's cfg is CIFAR-100's (the paper's dataset): its runs normalise with CIFAR-10's
+    # statistics and say so in the cfg that staging writes into the weights' config.json
+    from timm_attnconv.constants import CIFAR10_MEAN, CIFAR10_STD
+    from timm_attnconv.train_config import initial_model
+    config = dict(model='aa_wide_resnet28_10_cifar', model_kwargs={}, seed=0)
+    assert timm.create_model('aa_wide_resnet28_10_cifar').pretrained_cfg['num_classes'] == 100
+    for model in (initial_model(config), runs.build_model(config)):
+        cfg = model.pretrained_cfg
+        assert (cfg['mean'], cfg['std'], cfg['num_classes'], model.num_classes) == (CIFAR10_MEAN, CIFAR10_STD, 10, 10)
+        assert cfg['label_names'][0] == 'airplane'
+    # an overlay the run asked for wins where it names the same field
+    asked = dict(config, model='resnet18', model_kwargs={'pretrained_cfg_overlay': {'mean': [0.5, 0.5, 0.5]}})
+    assert runs.build_model(asked).pretrained_cfg['mean'] == [0.5, 0.5, 0.5]
+    assert initial_model(asked).pretrained_cfg['std'] == CIFAR10_STD
 
 
 def test_eval_every_and_eval_ema_choose_the_tested_epochs_only(tmp_path, whole):
