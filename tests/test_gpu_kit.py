@@ -124,6 +124,21 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
         in failed.stderr
 
 
+def test_the_wide_resnet_recipe_is_the_resnet_one_cut_to_one_session(tmp_path):
+    calls = tmp_path / 'calls.txt'
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
+    kit('launch.sh', 'aa_wide_resnet28_10_cifar', env=dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data')))
+    for _ in range(100):
+        if calls.exists() and calls.read_text():
+            break
+        time.sleep(0.1)
+    argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
+    option = dict(zip(argv, argv[1:]))  # each option's last value, the one the trainer takes
+    assert option['--model'] == 'aa_wide_resnet28_10_cifar' and option['--epochs'] == '30'
+    assert option['--opt'] == 'sgd' and option['--lr'] == '0.1' and '--channels-last' in argv and '--compile' in argv
+
+
 def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):
     # the CPU stands in for the device (TIMM_ATTNCONV_TEST_DEVICE), and one check for all of them
     env = dict(os.environ, RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'checks.txt'),

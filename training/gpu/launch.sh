@@ -38,6 +38,10 @@ case $name in
             "${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999);;
   attnconv_resnet20_cifar|aa_resnet20_cifar|ea_aa_resnet20_cifar)
     recipe=(--model "$name" "${resnet[@]}");;
+  aa_wide_resnet28_10_cifar)
+    # AA-WRN-28-10 (Bello et al. 2019, §4.1) on CIFAR-10, not the paper's CIFAR-100: the ResNet-20 recipe cut to the 30
+    # epochs that fit one session (training/gpu/README.md, plan F)
+    recipe=(--model "$name" "${resnet[@]}" --epochs 30);;
   *)
     echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
 esac
