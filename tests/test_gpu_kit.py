@@ -124,19 +124,25 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
         in failed.stderr
 
 
-def test_the_wide_resnet_recipe_is_the_resnet_one_cut_to_one_session(tmp_path):
+@pytest.mark.parametrize('name,expected', [
+    ('aa_wide_resnet28_10_cifar', {'--epochs': '30', '--opt': 'sgd', '--lr': '0.1', '--batch-size': '128'}),
+    ('sa_learned_content_tiny_cifar', {'--epochs': '40', '--opt': 'adamw', '--lr': '2e-3', '--batch-size': '256'}),
+    ('ea_sa_learned_content_tiny_cifar', {'--epochs': '40', '--opt': 'adamw', '--lr': '2e-3', '--batch-size': '256'}),
+])
+def test_the_recipes_of_plans_f_and_g(tmp_path, name, expected):
+    # F: the ResNet recipe cut to the 30 epochs one session holds; G: a compact model and its EA twin on one recipe
     calls = tmp_path / 'calls.txt'
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'train.npz').write_bytes(b'')
-    kit('launch.sh', 'aa_wide_resnet28_10_cifar', env=dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data')))
+    kit('launch.sh', name, env=dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data')))
     for _ in range(100):
         if calls.exists() and calls.read_text():
             break
         time.sleep(0.1)
     argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
     option = dict(zip(argv, argv[1:]))  # each option's last value, the one the trainer takes
-    assert option['--model'] == 'aa_wide_resnet28_10_cifar' and option['--epochs'] == '30'
-    assert option['--opt'] == 'sgd' and option['--lr'] == '0.1' and '--channels-last' in argv and '--compile' in argv
+    assert option['--model'] == name and {k: option[k] for k in expected} == expected
+    assert '--model-ema' in argv and '--compile' in argv and option['--device'] == 'cuda'
 
 
 def test_cuda_checks_run_detached_and_status_reports_them(tmp_path):

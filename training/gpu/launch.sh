@@ -19,6 +19,9 @@ sa=(--epochs 100 --batch-size 256 --opt adamw --lr 1e-3 --weight-decay 0.05 --wa
 # one recipe for the ResNet-20 baseline and its attention-augmented twin
 resnet=(--epochs 100 --batch-size 128 --opt sgd --lr 0.1 --weight-decay 5e-4 --warmup-epochs 1 --smoothing 0.1
         --model-ema --model-ema-decay 0.999 --channels-last)
+# the compact SA recipe of sa_quadratic_tiny_cifar.c10_40ep (training/README.md), for a compact model and its EA twin
+compact=(--epochs 40 --batch-size 256 --opt adamw --lr 2e-3 --weight-decay 0.05 --warmup-epochs 2 --smoothing 0.1
+         --model-ema --model-ema-decay 0.999)
 case $name in
   sa_learned_cifar|sa_quadratic_gen_cifar|sa_quadratic_16h_cifar|sa_learned_content_cifar)
     recipe=(--model "$name" "${sa[@]}");;
@@ -38,6 +41,8 @@ case $name in
             "${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999);;
   attnconv_resnet20_cifar|aa_resnet20_cifar|ea_aa_resnet20_cifar)
     recipe=(--model "$name" "${resnet[@]}");;
+  sa_learned_content_tiny_cifar|ea_sa_learned_content_tiny_cifar)
+    recipe=(--model "$name" "${compact[@]}");;
   aa_wide_resnet28_10_cifar)
     # AA-WRN-28-10 (Bello et al. 2019, §4.1) on CIFAR-10, not the paper's CIFAR-100: the ResNet-20 recipe cut to the 30
     # epochs that fit one session (training/gpu/README.md, plan F)
