@@ -128,3 +128,10 @@ def test_a_checkpoint_exported_in_parts_resumes_exactly_where_it_was_joined(tmp_
     assert strict_log(resumed) == strict_log(whole)
     with pytest.raises(ValueError, match='--checkpoint exports the whole training state, .*: drop --weights ema'):
         export(str(stopped), str(tmp_path / 'bad'), weights='ema', checkpoint=True)
+    # the finished run's weights joined over the checkpoint an earlier session brought back: stage would read the
+    # stale checkpoint, so join refuses; the finished checkpoint replaces it
+    weights = export_calls(resumed, tmp_path / 'weights', weights='ema')
+    with pytest.raises(ValueError, match='holds a training checkpoint .* join them into another folder'):
+        join(str(stopped), [str(c) for c in weights])
+    join(str(stopped), [str(c) for c in export_calls(resumed, tmp_path / 'final', checkpoint=True)])
+    assert_same_run(whole, stopped)

@@ -140,6 +140,9 @@ def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
     if missing:
         raise FileNotFoundError(f"parts missing from {list(sources)}: {', '.join(missing)}; export the calls that "
                                 f'write them (export prints each call\'s --start) and pass all their folders')
+    if CHECKPOINT not in joined and os.path.isfile(os.path.join(run_dir, CHECKPOINT)):
+        raise ValueError(f'{run_dir!r} holds a training checkpoint ({CHECKPOINT}, an earlier session\'s?), which '
+                         f'stage would read instead of these weights: join them into another folder')
     os.makedirs(run_dir, exist_ok=True)
     for name, data in joined.items():
         if _sha256(data) != manifest['files'][name]['sha256'] or len(data) != manifest['files'][name]['size']:
