@@ -50,7 +50,8 @@ case $name in
   *)
     echo "no recipe for $name; see training/gpu/README.md" >&2; exit 2;;
 esac
-# this session's own, or one an earlier session brought back (collect.sh --checkpoint) and carried (prepare.sh --carry-run)
+# a checkpoint there: this session's own, or one an earlier session brought back (collect.sh --checkpoint) and
+# carried (prepare.sh --carry-run, receive.sh)
 [ ! -f "$runs/$name/last.pth.tar" ] || echo "launch.sh: the run resumes $runs/$name/last.pth.tar"
 mkdir -p "$runs/$name"
 cmd=(python3 -m timm_attnconv.train "${recipe[@]}" --data-dir "$data" --output "$runs/$name" --device cuda --amp bf16

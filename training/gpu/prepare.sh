@@ -37,7 +37,8 @@ for arg in "$@"; do
   esac
 done
 [ -z "$option" ] || [ ${#staged[@]} -gt 0 ] || [ ${#runs[@]} -gt 0 ] ||
-  { echo "$option needs what to carry: staged folders (sa_learned_cifar.c10) or run folders (runs/NAME-h100)" >&2; exit 1; }
+  { echo "$option needs what to carry: staged folders (sa_learned_cifar.c10) or run folders (runs/NAME-h100)" >&2
+    exit 1; }
 for name in "${staged[@]}"; do
   [ -f "weights/$name/model.safetensors" ] ||
     { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2; exit 1; }
@@ -56,7 +57,8 @@ for run in "${runs[@]}"; do
   stream+=("$run/last.pth.tar")
   sums+="
 run/$name $(stat -c %s "$run/last.pth.tar") $(sha256sum < "$run/last.pth.tar" | cut -d' ' -f1)"
-  echo "carrying the checkpoint of $run after the data: receive.sh puts it in /tmp/runs/$name, launch.sh $name resumes it"
+  echo "carrying the checkpoint of $run after the data: receive.sh puts it in /tmp/runs/$name," \
+       "launch.sh $name resumes it"
 done
 if [ -d weights ]; then
   [ ! -e "$aside/weights" ] || { echo "$aside/weights exists: run prepare.sh --restore first" >&2; exit 1; }
