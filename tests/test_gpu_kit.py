@@ -102,17 +102,7 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
     assert all(v.dtype == torch.float16 for v in weights.values() if v.is_floating_point())
     timm.create_model('sa_quadratic_gen_pruned_cifar').load_state_dict(weights)
     # launch.sh fine-tunes the carried weights (no generalized run on this machine), a tenth of the SA recipe's LR
-    calls = tmp_path / 'calls.txt'
-    (tmp_path / 'data').mkdir()
-    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
-    env = dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data'))
-    kit('launch.sh', 'sa_quadratic_gen_pruned_cifar', env=env)
-    for _ in range(100):
-        if calls.exists() and calls.read_text():
-            break
-        time.sleep(0.1)
-    argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
-    option = dict(zip(argv, argv[1:]))  # each option's last value, the one the trainer takes
+    argv, option, env = _launched(tmp_path, 'sa_quadratic_gen_pruned_cifar')
     assert argv[:2] == ['-m', 'timm_attnconv.train'] and option['--model'] == 'sa_quadratic_gen_pruned_cifar'
     assert json.loads(option['--model-kwargs']) == {'num_heads': [7, 5, 8, 7, 3, 9]}
     assert option['--init-from'] == str(carried / 'pruned.safetensors')
@@ -131,16 +121,7 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
 ])
 def test_the_recipes_of_plans_f_and_g(tmp_path, name, expected):
     # F: the ResNet recipe cut to the 30 epochs one session holds; G: a compact model and its EA twin on one recipe
-    calls = tmp_path / 'calls.txt'
-    (tmp_path / 'data').mkdir()
-    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
-    kit('launch.sh', name, env=dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data')))
-    for _ in range(100):
-        if calls.exists() and calls.read_text():
-            break
-        time.sleep(0.1)
-    argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
-    option = dict(zip(argv, argv[1:]))  # each option's last value, the one the trainer takes
+    argv, option, _ = _launched(tmp_path, name)
     assert option['--model'] == name and {k: option[k] for k in expected} == expected
     assert '--model-ema' in argv and '--compile' in argv and option['--device'] == 'cuda'
 
@@ -193,6 +174,22 @@ def _fake_python3(tmp_path, calls, seconds=0):
     return dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path / 'out'),
                 BENCH_PID=str(tmp_path / 'benchmark.pid'), RUNS=str(tmp_path / 'runs'), CHECKS=str(tmp_path / 'c.txt'),
                 DEVICE='cpu')  # the parsers check that the device is there
+
+
+def _launched(tmp_path, name):
+    """``(argv, each option's last value, env)`` of the trainer command ``launch.sh NAME`` starts, run with the fake
+    python3 (it records the command instead of training)."""
+    calls = tmp_path / 'calls.txt'
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'train.npz').write_bytes(b'')
+    env = dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data'))
+    kit('launch.sh', name, env=env)
+    for _ in range(100):  # the command runs detached
+        if calls.exists() and calls.read_text():
+            break
+        time.sleep(0.1)
+    argv = calls.read_text().splitlines()[0].split('\x1f')[:-1]
+    return argv, dict(zip(argv, argv[1:])), env  # the last value of an option is the one the trainer takes
 
 
 def test_every_benchmark_step_is_a_valid_command(tmp_path):
