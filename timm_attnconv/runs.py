@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from .constants import CHECKPOINT, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, LOG
 
-__all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'cifar10_model_kwargs',
+__all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'cifar10_cfg_overlay',
            'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch', 'load_training_checkpoint']
 
 
@@ -84,21 +84,22 @@ def logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
         return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
 
 
-def cifar10_model_kwargs(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """``model_kwargs`` and what makes any registered model the CIFAR-10 model a run trains: 10 classes and a
-    ``pretrained_cfg`` that says so (CIFAR-10's statistics, which the trainer and every tool normalise with, and its
-    class names), whatever dataset the name's own cfg is for (``aa_wide_resnet28_10_cifar``'s is CIFAR-100; an
-    ImageNet model's ImageNet). An overlay in ``model_kwargs`` wins where it names the same field."""
-    overlay = dict(mean=CIFAR10_MEAN, std=CIFAR10_STD, num_classes=10, label_names=CIFAR10_CLASSES)
-    overlay.update(model_kwargs.get('pretrained_cfg_overlay') or {})
-    return dict(model_kwargs, num_classes=10, pretrained_cfg_overlay=overlay)
+def cifar10_cfg_overlay(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``pretrained_cfg_overlay`` that makes any registered model the CIFAR-10 model a run trains: CIFAR-10's
+    statistics (which the trainer and every tool normalise with), class count and names, whatever dataset the name's
+    own cfg is for (``aa_wide_resnet28_10_cifar``'s is CIFAR-100; an ImageNet model's ImageNet). An overlay in
+    ``model_kwargs`` wins where it names the same field."""
+    return {**dict(mean=CIFAR10_MEAN, std=CIFAR10_STD, num_classes=10, label_names=CIFAR10_CLASSES),
+            **(model_kwargs.get('pretrained_cfg_overlay') or {})}
 
 
 def build_model(config: Dict[str, Any]) -> nn.Module:
-    """The model a run config names, freshly initialised: CIFAR-10's model (:func:`cifar10_model_kwargs`) with the
-    run's model kwargs."""
+    """The model a run config names, freshly initialised: 10 classes, the run's model kwargs and a cfg that says it
+    is a CIFAR-10 model (:func:`cifar10_cfg_overlay`)."""
     import timm
-    return timm.create_model(config['model'], **cifar10_model_kwargs(config['model_kwargs']))
+    kwargs = config['model_kwargs']
+    return timm.create_model(config['model'], **dict(kwargs, num_classes=10,
+                                                     pretrained_cfg_overlay=cifar10_cfg_overlay(kwargs)))
 
 
 def read_checkpoint(path: str, data: Optional[bytes] = None) -> Dict[str, Any]:

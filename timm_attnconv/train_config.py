@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from . import cli
 from .constants import AMP_DTYPES
-from .runs import cifar10_model_kwargs
+from .runs import cifar10_cfg_overlay
 
 __all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'START_KEYS', 'option_default',
            'check_resumable', 'init_from_pretrained', 'initial_model']
@@ -171,9 +171,8 @@ def initial_model(config: Dict[str, Any], warm_start: bool = True) -> nn.Module:
     torch.manual_seed(config['seed'])
     # the same model as runs.build_model, with a kwarg the model does not take named as the option that passed it
     asked = {k: v for k, v in config['model_kwargs'].items() if k != 'pretrained_cfg_overlay'}
-    cifar10 = cifar10_model_kwargs(config['model_kwargs'])
     model = cli.create_model(config['model'], '--model-kwargs', asked, num_classes=10,
-                             pretrained_cfg_overlay=cifar10['pretrained_cfg_overlay'])
+                             pretrained_cfg_overlay=cifar10_cfg_overlay(config['model_kwargs']))
     if warm_start and config.get('init_from'):
         model = init_from_pretrained(model, config['init_from'])
     return model
