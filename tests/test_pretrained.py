@@ -41,6 +41,18 @@ def test_every_pretrained_cfg_has_a_bundled_folder_and_a_recorded_sha256():
     assert sorted(records) == sorted(f'{HF_ORG}/{n}' for n in tags), 'a recorded file has no registered cfg'
 
 
+def test_each_config_carries_the_cfg_registered_for_its_tag():
+    # a hf-hub: load takes its pretrained cfg from config.json: a tag staged before it was registered carried its
+    # arch's default cfg there, the default tag's notes among them
+    stale = []
+    for name in PRETRAINED:
+        written = json.loads((WEIGHTS / name / 'config.json').read_text())['pretrained_cfg']
+        registered = timm.models.get_pretrained_cfg(name)
+        if written.get('tag') != registered.tag or written.get('notes') != list(registered.notes or ()):
+            stale.append(f'weights/{name}')
+    assert not stale, f'run `python -m timm_attnconv.stage --refresh-config {" ".join(stale)}`'
+
+
 @pytest.mark.parametrize('name', PRETRAINED)
 def test_pretrained_loads_the_bundled_file(name):
     model = timm.create_model(name, pretrained=True)

@@ -1,5 +1,7 @@
 """Staging a training run as a Hub-layout weights folder with a recorded sha256."""
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import timm
@@ -12,6 +14,8 @@ from timm_attnconv.train import main as train_main
 
 from .conftest import SYNTHETIC_TRAIN_IMAGES
 from .test_train import TINY
+
+WEIGHTS = Path(__file__).resolve().parent.parent / 'weights'
 
 
 def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_cifar10, capsys):
@@ -52,6 +56,35 @@ def test_a_run_on_a_small_data_set_counts_its_epochs_in_its_own_steps(tmp_path, 
     steps_per_epoch = SYNTHETIC_TRAIN_IMAGES // int(args[args.index('--batch-size') + 1])
     train_main(args + ['--max-steps', str(int(steps_per_epoch * epochs_done))])
     assert _read_run(str(tmp_path))['epochs_done'] == epochs_done
+
+
+def test_refresh_config_writes_the_registered_cfg_of_a_folders_tag(tmp_path):
+    # a tag staged before it was registered: config.json carries the arch's default cfg (another tag's notes)
+    name = 'attnconv_resnet20_cifar.c10_2ep'
+    folder = tmp_path / name
+    shutil.copytree(WEIGHTS / name, folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['pretrained_cfg'].update(tag='c10', notes=['the notes of another tag'])
+    (folder / 'config.json').write_text(json.dumps(config, indent=2))
+    record = tmp_path / 'sha.json'
+    assert stage_main(['--refresh-config', str(folder), '--record', str(record)]) == {str(folder): True}
+    written = json.loads((folder / 'config.json').read_text())
+    registered = timm.models.get_pretrained_cfg(name)
+    assert written['pretrained_cfg']['tag'] == 'c10_2ep'
+    assert written['pretrained_cfg']['notes'] == list(registered.notes)
+    assert {k: v for k, v in written.items() if k != 'pretrained_cfg'} == {
+        k: v for k, v in config.items() if k != 'pretrained_cfg'}  # architecture, model args, labels, dtype
+    assert sha256_file(folder / 'model.safetensors') == sha256_file(WEIGHTS / name / 'model.safetensors')
+    assert json.loads(record.read_text()) == {f'timm-attnconv/{name}': {
+        p.name: sha256_file(p) for p in folder.iterdir()}}
+    assert stage_main(['--refresh-config', str(folder), '--record', str(record)]) == {str(folder): False}
+
+    unregistered = tmp_path / 'attnconv_resnet20_cifar.c10_new'
+    shutil.copytree(WEIGHTS / name, unregistered)
+    with pytest.raises(ValueError, match='not registered in default_cfgs: register it there first'):
+        stage_main(['--refresh-config', str(unregistered), '--record', str(record)])
+    with pytest.raises(SystemExit):  # a run and folders to refresh: one or the other
+        stage_main([str(folder), '--tag', 'x', '--refresh-config', str(folder)])
 
 
 def test_stage_needs_a_training_run(tmp_path):

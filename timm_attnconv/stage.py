@@ -2,6 +2,7 @@
 
     python -m timm_attnconv.stage training/sa_quadratic_tiny_cifar --tag c10
     python -m timm_attnconv.stage ../shared/runs/sa_quadratic_cifar-h100 --tag c10 --hardware 'one NVIDIA H100 80GB'
+    python -m timm_attnconv.stage --refresh-config weights/sa_quadratic_cifar.c10   # after registering its tag
 
 A run is the ``--output`` folder of ``python -m timm_attnconv.train``: either its training checkpoint
 ``last.pth.tar``, or, for a run whose optimizer state was not kept, its weights as ``model.safetensors`` and / or
@@ -15,6 +16,8 @@ dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's
 model as trained) and ``model.safetensors``; and beside them a model card ``README.md`` with Hugging Face metadata
 and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
 The sha256 of every file of the folder goes to ``timm_attnconv/weights_sha256.json``, which loads check.
+``config.json`` carries the tag's cfg from ``default_cfgs``; a tag staged before it is registered there gets its
+arch's default cfg under the new tag, and ``--refresh-config`` rewrites the file once the tag is registered.
 """
 import argparse
 import copy
@@ -29,10 +32,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import cli
-from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
+from .constants import CHECKPOINT, CIFAR10_CLASSES, CONFIG_FILE, LOG, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
 from .pretrained import SHA256_RECORD, record_folder, sha256_file
 
-__all__ = ['stage', 'training_command', 'plot_training_curves', 'main']
+__all__ = ['stage', 'refresh_config', 'training_command', 'plot_training_curves', 'main']
 
 # a half-precision copy is stored when it changes top-1 by at most this many points and keeps this share of top-1s
 MAX_TOP1_CHANGE = 0.05
@@ -345,7 +348,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     """
     from timm.models import save_for_hf
     from .analysis import conv_likeness_table, has_attention
-    from .data import CIFAR10_CLASSES, load_cifar10, normalize
+    from .data import load_cifar10, normalize
     from .evaluate import scores
     from .flops import model_report
 
@@ -370,7 +373,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     folder = Path(out_dir) / arch_tag
     with tempfile.TemporaryDirectory(dir=out_dir if os.path.isdir(out_dir) else None) as tmp:
         save_for_hf(copy.deepcopy(model).to(stored_dtype), tmp, safe_serialization=True,
-                    model_config=dict(label_names=list(CIFAR10_CLASSES), weights_dtype=storage['dtype']),
+                    model_config=_hub_model_config(storage['dtype']),
                     model_args=dict(config['model_kwargs'], num_classes=model.num_classes))
         digest = sha256_file(Path(tmp) / WEIGHTS_FILE)
         if log:
@@ -409,6 +412,41 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
     record_folder(folder, record)
     return dict(arch_tag=arch_tag, folder=str(folder), sha256=digest, stored_dtype=storage['dtype'],
                 storage=storage, **metrics)
+
+
+def refresh_config(folder: os.PathLike, record: os.PathLike = SHA256_RECORD) -> bool:
+    """Rewrite ``config.json`` of the staged ``folder`` (``<arch>.<tag>``) from the cfg ``default_cfgs`` registers for
+    it, and its sha256 in ``record``; the weights, card and log stay. For a tag staged before it was registered, whose
+    ``config.json`` carries the arch's default cfg (its notes, for one): a ``hf-hub:`` load reads that file. Returns
+    whether the file changed."""
+    import timm
+    from timm.models import get_pretrained_cfg, save_for_hf
+
+    folder = Path(folder)
+    arch, _, tag = folder.name.partition('.')
+    try:
+        registered = get_pretrained_cfg(folder.name) if tag else None
+    except RuntimeError:  # the arch has cfgs, not this tag
+        registered = None
+    if registered is None:
+        raise ValueError(f'{folder.name} is not registered in default_cfgs: register it there first (notes, '
+                         f"hf_hub_id=hub_id('{folder.name}')), then refresh its config")
+    path = folder / CONFIG_FILE
+    written = json.loads(path.read_text())
+    model_args = written.get('model_args', {})
+    model = timm.create_model(arch, pretrained=False, **model_args)
+    model.pretrained_cfg = registered.to_dict()
+    with tempfile.TemporaryDirectory() as tmp:  # stage's own writer; only its config.json is kept
+        save_for_hf(model, tmp, safe_serialization=True, model_args=model_args,
+                    model_config=_hub_model_config(written.get('weights_dtype', 'float32')))
+        shutil.copyfile(Path(tmp) / CONFIG_FILE, path)
+    record_folder(folder, record)
+    return json.loads(path.read_text()) != written
+
+
+def _hub_model_config(weights_dtype: str) -> Dict[str, Any]:
+    # what config.json holds beside timm's own fields: the class names and the stored dtype
+    return dict(label_names=list(CIFAR10_CLASSES), weights_dtype=weights_dtype)
 
 
 def _pretrained_cfg(model: torch.nn.Module, arch: str, tag: str) -> Dict[str, Any]:
@@ -455,9 +493,12 @@ def _tag(text: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
-    parser.add_argument('run', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, or '
-                                    'model.safetensors / ema.safetensors with config.json; log.jsonl)')
-    parser.add_argument('--tag', required=True, type=_tag, help='pretrained tag, e.g. c10 → weights/<arch>.c10/')
+    parser.add_argument('run', nargs='?', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, or '
+                                               'model.safetensors / ema.safetensors with config.json; log.jsonl)')
+    parser.add_argument('--tag', type=_tag, help='pretrained tag, e.g. c10 → weights/<arch>.c10/ (with a run)')
+    parser.add_argument('--refresh-config', nargs='+', metavar='FOLDER', default=None,
+                        help='instead: rewrite config.json of staged folders from the cfgs default_cfgs registers for '
+                             'them (a tag staged before it was registered carries its arch\'s default cfg there)')
     parser.add_argument('--weights', choices=('auto', 'model', 'ema'), default='auto',
                         help='which weights to ship; auto: the better of the two on the test set')
     parser.add_argument('--dtype', choices=('auto', *STORAGE_DTYPES), default='auto',
@@ -473,6 +514,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--limit', type=cli.positive_int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
     args = parser.parse_args(argv)
+    if args.refresh_config:
+        if args.run or args.tag:
+            parser.error('--refresh-config takes staged folders, not a run or --tag')
+        changed = {folder: refresh_config(folder, args.record) for folder in args.refresh_config}
+        print(json.dumps(dict(changed=changed), indent=2))
+        return changed
+    if not args.run or not args.tag:
+        parser.error('stage a run: python -m timm_attnconv.stage RUN --tag TAG')
     result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
                    args.hardware, args.extra_train_args, args.init_command)
     print(json.dumps(result, indent=2))
