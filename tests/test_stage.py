@@ -42,9 +42,13 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_ci
     assert training_command(state['config'], str(run)) in card
     model = timm.create_model(f'local-dir:{folder}', pretrained=True)  # timm loads the folder as written
     assert model.num_classes == 10
-    # a tag not in default_cfgs yet: config.json still names it, and stage says to register it
-    assert json.loads((folder / 'config.json').read_text())['pretrained_cfg']['tag'] == 'test'
-    assert 'sa_quadratic_cifar.test is not in default_cfgs yet' in capsys.readouterr().out
+    # a tag not in default_cfgs yet: config.json still names it, without the notes of the default tag's weights, and
+    # stage says to register it and refresh the file
+    written = json.loads((folder / 'config.json').read_text())['pretrained_cfg']
+    assert written['tag'] == 'test' and 'notes' not in written
+    assert timm.models.get_pretrained_cfg('sa_quadratic_cifar').notes  # what the folder would have carried
+    printed = capsys.readouterr().out
+    assert 'sa_quadratic_cifar.test is not in default_cfgs yet' in printed and '--refresh-config' in printed
 
 
 @pytest.mark.parametrize('epochs_done', [1.5, 0.5])  # from its finished epochs / stopped within its first

@@ -420,14 +420,11 @@ def refresh_config(folder: os.PathLike, record: os.PathLike = SHA256_RECORD) -> 
     ``config.json`` carries the arch's default cfg (its notes, for one): a ``hf-hub:`` load reads that file. Returns
     whether the file changed."""
     import timm
-    from timm.models import get_pretrained_cfg, save_for_hf
+    from timm.models import save_for_hf
 
     folder = Path(folder)
     arch, _, tag = folder.name.partition('.')
-    try:
-        registered = get_pretrained_cfg(folder.name) if tag else None
-    except RuntimeError:  # the arch has cfgs, not this tag
-        registered = None
+    registered = _registered_cfg(folder.name) if tag else None
     if registered is None:
         raise ValueError(f'{folder.name} is not registered in default_cfgs: register it there first (notes, '
                          f"hf_hub_id=hub_id('{folder.name}')), then refresh its config")
@@ -449,19 +446,26 @@ def _hub_model_config(weights_dtype: str) -> Dict[str, Any]:
     return dict(label_names=list(CIFAR10_CLASSES), weights_dtype=weights_dtype)
 
 
+def _registered_cfg(arch_tag: str):
+    """The ``PretrainedCfg`` ``default_cfgs`` registers for ``arch_tag``, or None."""
+    from timm.models import get_pretrained_cfg
+    try:
+        return get_pretrained_cfg(arch_tag)
+    except RuntimeError:  # the arch has cfgs, not this tag
+        return None
+
+
 def _pretrained_cfg(model: torch.nn.Module, arch: str, tag: str) -> Dict[str, Any]:
     """The pretrained cfg of ``arch.tag`` as registered in ``default_cfgs``; for a tag not registered yet, the arch's
-    default cfg under the new tag (so that the folder's ``config.json`` names its own tag), with a note to add it."""
-    from timm.models import get_pretrained_cfg
+    default cfg under the new tag (so that the folder's ``config.json`` names its own tag) without the default tag's
+    notes, which describe other weights, and a note to register it."""
     arch_tag = f'{arch}.{tag}'
-    try:
-        cfg = get_pretrained_cfg(arch_tag)
-    except RuntimeError:  # the arch has cfgs, not this tag
-        cfg = None
+    cfg = _registered_cfg(arch_tag)
     if cfg is None:
         print(f'note: {arch_tag} is not in default_cfgs yet: register it there (with hf_hub_id) so that '
-              f"timm.create_model('{arch_tag}', pretrained=True) finds the folder")
-        return dict(model.pretrained_cfg, tag=tag)
+              f"timm.create_model('{arch_tag}', pretrained=True) finds the folder, then refresh its config.json: "
+              f'python -m timm_attnconv.stage --refresh-config <folder>')
+        return {key: value for key, value in dict(model.pretrained_cfg, tag=tag).items() if key != 'notes'}
     return cfg.to_dict()
 
 
