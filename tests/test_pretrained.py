@@ -1,10 +1,13 @@
 """Pretrained weights: bundled folders, sha256 checks, clear refusals, and the real Hub download path on loopback."""
+import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 import timm
@@ -51,6 +54,32 @@ def test_each_config_carries_the_cfg_registered_for_its_tag():
         if written.get('tag') != registered.tag or written.get('notes') != list(registered.notes or ()):
             stale.append(f'weights/{name}')
     assert not stale, f'run `python -m timm_attnconv.stage --refresh-config {" ".join(stale)}`'
+
+
+def _table_rows(markdown: str, header: str) -> Dict[str, List[str]]:
+    # {arch.tag: cells after the first} of the markdown table whose header row starts with `header`
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = {}
+    for line in itertools.takewhile(lambda text: text.startswith('|'), lines[start + 2:]):
+        cells = [cell.strip() for cell in line.strip('|').split('|')]
+        rows[re.search(r'`(\w+\.\w+)`', cells[0]).group(1)] = cells[1:]
+    return rows
+
+
+def test_readme_tables_show_the_accuracy_each_card_measured():
+    # the top-1 and top-5 that stage measured on the test set and wrote into each card's model-index
+    measured = {name: [float(v) for v in re.findall(r'value: ([0-9.]+)', (WEIGHTS / name / 'README.md').read_text())]
+                for name in PRETRAINED}
+    readme = _table_rows((WEIGHTS.parent / 'README.md').read_text(), '| weights | CIFAR-10 test top-1 | top-5 |')
+    folders = _table_rows((WEIGHTS / 'README.md').read_text(), '| folder | CIFAR-10 test top-1 |')
+    assert sorted(readme) == sorted(folders) == sorted(PRETRAINED)
+
+    def percent(cell):
+        return float(cell.strip('*%'))
+    for name in PRETRAINED:
+        assert [percent(readme[name][0]), percent(readme[name][1])] == measured[name][:2], f'README.md, {name}'
+        assert percent(folders[name][0]) == measured[name][0], f'weights/README.md, {name}'
 
 
 @pytest.mark.parametrize('name', PRETRAINED)
