@@ -112,6 +112,12 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
                             env=dict(env, RUNS=str(tmp_path / 'empty')), capture_output=True, text=True)
     assert failed.returncode == 1 and 'carry the pruned weights' in failed.stderr and 'train sa_quadratic_gen_cifar' \
         in failed.stderr
+    # a staged fine-tune of the pruned model to go on from (plan C): nothing to prune, the registered model's heads
+    (tmp_path / 'staged').mkdir()
+    argv, option, _ = _launched(tmp_path / 'staged', 'sa_quadratic_gen_pruned_cifar',
+                                '--init-from', 'sa_quadratic_gen_pruned_cifar.c10_cpu2')
+    assert option['--init-from'] == 'sa_quadratic_gen_pruned_cifar.c10_cpu2' and '--model-kwargs' not in argv
+    assert option['--lr'] == '1e-4' and option['--epochs'] == '30' and argv.count('--init-from') == 1
 
 
 @pytest.mark.parametrize('name,expected', [
@@ -176,14 +182,14 @@ def _fake_python3(tmp_path, calls, seconds=0):
                 DEVICE='cpu')  # the parsers check that the device is there
 
 
-def _launched(tmp_path, name):
-    """``(argv, each option's last value, env)`` of the trainer command ``launch.sh NAME`` starts, run with the fake
-    python3 (it records the command instead of training)."""
+def _launched(tmp_path, name, *args):
+    """``(argv, each option's last value, env)`` of the trainer command ``launch.sh NAME ARGS...`` starts, run with
+    the fake python3 (it records the command instead of training)."""
     calls = tmp_path / 'calls.txt'
     (tmp_path / 'data').mkdir()
     (tmp_path / 'data' / 'train.npz').write_bytes(b'')
     env = dict(_fake_python3(tmp_path, calls), DATA=str(tmp_path / 'data'))
-    kit('launch.sh', name, env=env)
+    kit('launch.sh', name, *args, env=env)
     for _ in range(100):  # the command runs detached
         if calls.exists() and calls.read_text():
             break

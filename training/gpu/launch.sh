@@ -29,16 +29,22 @@ case $name in
     # Cordonnier et al. 2020, Table 1: prune the trained generalized-quadratic model down to the pruned model's heads,
     # the most degenerate first, then fine-tune at a tenth of its learning rate. The pruned weights are either
     # carried (training/gpu/prune.py here, from the staged sa_quadratic_gen_cifar.c10, into $runs/$name) or pruned
-    # from the EMA of this machine's finished sa_quadratic_gen_cifar run
-    if [ ! -f "$runs/$name/heads.json" ]; then
-      source=$runs/sa_quadratic_gen_cifar/last.pth.tar
-      [ -f "$source" ] || { echo "no $runs/$name/heads.json (carry the pruned weights, training/gpu/README.md) and no" \
-                                 "$source (train sa_quadratic_gen_cifar first)" >&2; exit 1; }
-      python3 training/gpu/prune.py "$source" "$runs/$name"
-    fi
-    heads=$(cat "$runs/$name/heads.json")
-    recipe=(--model "$name" --model-kwargs "{\"num_heads\": $heads}" --init-from "$runs/$name/pruned.safetensors"
-            "${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999);;
+    # from the EMA of this machine's finished sa_quadratic_gen_cifar run. An --init-from among the extra arguments
+    # (a staged fine-tune of the pruned model, carried with prepare.sh --carry-weights) goes on from there instead
+    fine_tune=("${sa[@]}" --epochs 30 --lr 1e-4 --warmup-epochs 1 --model-ema-decay 0.999)
+    if [[ " $* " == *" --init-from "* ]]; then
+      recipe=(--model "$name" "${fine_tune[@]}")  # the staged weights have the registered model's heads
+    else
+      if [ ! -f "$runs/$name/heads.json" ]; then
+        source=$runs/sa_quadratic_gen_cifar/last.pth.tar
+        [ -f "$source" ] || { echo "no $runs/$name/heads.json (carry the pruned weights, training/gpu/README.md) and" \
+                                   "no $source (train sa_quadratic_gen_cifar first)" >&2; exit 1; }
+        python3 training/gpu/prune.py "$source" "$runs/$name"
+      fi
+      heads=$(cat "$runs/$name/heads.json")
+      recipe=(--model "$name" --model-kwargs "{\"num_heads\": $heads}" --init-from "$runs/$name/pruned.safetensors"
+              "${fine_tune[@]}")
+    fi;;
   attnconv_resnet20_cifar|aa_resnet20_cifar|ea_aa_resnet20_cifar)
     recipe=(--model "$name" "${resnet[@]}");;
   sa_learned_content_tiny_cifar|ea_sa_learned_content_tiny_cifar)
