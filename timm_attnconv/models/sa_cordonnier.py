@@ -434,6 +434,13 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     }
 
 
+def _pruned_cfg(tag: str, fine_tune: str) -> Dict[str, Any]:
+    # the pruned model's CPU fine-tunes differ only in how they were fine-tuned
+    return _cfg(hf_hub_id=hub_id(f'sa_quadratic_gen_pruned_cifar.{tag}'),
+                notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',
+                       f'trained here: {fine_tune} on 2 CPU cores (paper: pruned from a 300-epoch run, fine-tuned)'))
+
+
 default_cfgs = generate_default_cfgs({
     'sa_quadratic_cifar.c10': _cfg(
         hf_hub_id=hub_id('sa_quadratic_cifar.c10'),
@@ -443,21 +450,13 @@ default_cfgs = generate_default_cfgs({
         hf_hub_id=hub_id('sa_quadratic_gen_cifar.c10'),
         notes=('Table 1 "SA quadratic emb. generalized": 12.1M params',
                'trained here: 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
-    'sa_quadratic_gen_pruned_cifar.c10_cpu3': _cfg(
-        hf_hub_id=hub_id('sa_quadratic_gen_pruned_cifar.c10_cpu3'),
-        notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',
-               'trained here: c10_cpu2 fine-tuned for a pass over all 50,000 training images at lr 1e-4 on 2 CPU cores '
-               '(paper: pruned from a 300-epoch run, fine-tuned)')),
-    'sa_quadratic_gen_pruned_cifar.c10_cpu2': _cfg(
-        hf_hub_id=hub_id('sa_quadratic_gen_pruned_cifar.c10_cpu2'),
-        notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',
-               'trained here: c10_cpu fine-tuned for a second pass over the same 25,600 training images (new order) '
-               'at lr 1e-4 on 2 CPU cores (paper: pruned from a 300-epoch run, fine-tuned)')),
-    'sa_quadratic_gen_pruned_cifar.c10_cpu': _cfg(
-        hf_hub_id=hub_id('sa_quadratic_gen_pruned_cifar.c10_cpu'),
-        notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',
-               'trained here: sa_quadratic_gen_cifar.c10 pruned to those heads, then fine-tuned for one pass over '
-               '25,600 training images at lr 1e-4 on 2 CPU cores (paper: pruned from a 300-epoch run, fine-tuned)')),
+    'sa_quadratic_gen_pruned_cifar.c10_cpu3': _pruned_cfg(
+        'c10_cpu3', 'c10_cpu2 fine-tuned for a pass over all 50,000 training images at lr 1e-4'),
+    'sa_quadratic_gen_pruned_cifar.c10_cpu2': _pruned_cfg(
+        'c10_cpu2', 'c10_cpu fine-tuned for a second pass over the same 25,600 training images (new order) at lr 1e-4'),
+    'sa_quadratic_gen_pruned_cifar.c10_cpu': _pruned_cfg(
+        'c10_cpu', 'sa_quadratic_gen_cifar.c10 pruned to those heads, then fine-tuned for one pass over 25,600 '
+                   'training images at lr 1e-4'),
     'sa_quadratic_16h_cifar.c10': _cfg(
         hf_hub_id=hub_id('sa_quadratic_16h_cifar.c10'),
         notes=('Appendix F: 16 isotropic heads, 18.8M params (no CIFAR-10 accuracy in the paper)',
