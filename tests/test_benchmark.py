@@ -168,7 +168,7 @@ def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
                            '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
     assert [(r['name'], r['kernel']) for r in rows] == [
         (name, kernel) for name in ('aa_resnet20_cifar', 'sa_learned_content_tiny_cifar')
-        for kernel in ('explicit', 'sdpa', 'flex')]
+        for kernel in ('explicit', 'sdpa', 'sdpa_onehot', 'flex')]
     for row in rows:
         assert row['speed_min'] <= row['speed'] <= row['speed_max'] and row['max_abs_diff'] < 1e-4
     assert all(r['speed'] == 1.0 for r in rows if r['kernel'] == 'explicit')  # the reference against itself

@@ -126,7 +126,7 @@ def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
 
 
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_content_cifar', 'ea_sa_learned_content_cifar'])
-@pytest.mark.parametrize('kernel', ['sdpa', 'flex', 'auto'])
+@pytest.mark.parametrize('kernel', ['sdpa', 'sdpa_onehot', 'flex', 'auto'])
 def test_the_inference_form_gives_the_cpu_logits_on_the_device(name, kernel):
     # reparameterize_model: projections folded, a content layer's keys folded into its queries (tokens as keys)
     if kernel == 'flex' and DEVICE.type == 'cpu':
@@ -139,7 +139,7 @@ def test_the_inference_form_gives_the_cpu_logits_on_the_device(name, kernel):
 
 
 @pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'sa_learned_content_cifar', 'aa_resnet50'])
-@pytest.mark.parametrize('kernel', ['sdpa', 'flex', 'auto'])
+@pytest.mark.parametrize('kernel', ['sdpa', 'sdpa_onehot', 'flex', 'auto'])
 def test_every_kernel_gives_the_explicit_results_on_the_device(name, kernel):
     if kernel == 'flex' and DEVICE.type == 'cpu':
         pytest.skip('FlexAttention has no backward on the CPU')

@@ -81,10 +81,14 @@ def test_explicit_logits_train_without_copying_their_gradient(shared_terms):
 
 @pytest.mark.parametrize('grid', GRIDS)
 @pytest.mark.parametrize('shared_terms', [False, True])
-def test_sdpa_matches_explicit_forward_and_gradients(grid, shared_terms):
-    inputs = _inputs(grid, shared_terms=shared_terms, requires_grad=True)
+@pytest.mark.parametrize('kernel,dims', [
+    ('sdpa', (5, 2)), ('sdpa_onehot', (5, 2)), ('sdpa_onehot', (3, 30)), ('sdpa_onehot', (16, 16))])
+def test_sdpa_kernels_match_explicit_forward_and_gradients(grid, shared_terms, kernel, dims):
+    # sdpa_onehot: query channels + H + W padded to a multiple of 8, values padded to the same width (or wider ones
+    # set the width: (3, 30)); (16, 16) with a 4×4 grid needs no padding
+    inputs = _inputs(grid, dim=dims[0], value_dim=dims[1], shared_terms=shared_terms, requires_grad=True)
     ref = _explicit(*inputs, 0.3)
-    out = relative_attention(*inputs[:3], 0.3, 'sdpa', *inputs[3:])
+    out = relative_attention(*inputs[:3], 0.3, kernel, *inputs[3:])
     torch.testing.assert_close(out, ref, **TOL)
     grad_out = torch.randn_like(ref)
     ref_grads = torch.autograd.grad(ref, inputs, grad_out)
@@ -100,6 +104,25 @@ def test_flex_matches_explicit(eager_flex, grid, shared_terms, dims):
     with torch.no_grad():
         torch.testing.assert_close(relative_attention(*inputs[:3], 0.3, 'flex', *inputs[3:]), _explicit(*inputs, 0.3),
                                    **TOL)
+
+
+def test_onehot_key_channels_mark_each_keys_row_and_column():
+    onehot = attention_kernels._axis_onehot(2, 3, torch.device('cpu'), torch.float32)
+    assert onehot.tolist() == [[1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 0, 1],
+                               [0, 1, 1, 0, 0], [0, 1, 0, 1, 0], [0, 1, 0, 0, 1]]
+
+
+def test_sdpa_onehot_takes_axis_terms_only_and_says_so():
+    q, k, v, rows, _ = _inputs((3, 5))
+    bias = torch.randn(1, 3, 15, 15)
+    with pytest.raises(ValueError, match="'sdpa_onehot' takes row and column terms, not a dense bias: use 'sdpa'"):
+        relative_attention(q, k, v, 0.3, 'sdpa_onehot', bias=bias)
+    with pytest.raises(ValueError, match="'sdpa_onehot' cannot run here: the position term has no row\\+column form"
+                                         ".*Use attn_kernel='sdpa'"):
+        choose_kernel('sdpa_onehot', q, k, v, None, 'explicit', dense_bias=True)
+    assert choose_kernel('sdpa_onehot', q, k, v, rows, 'explicit') == 'sdpa_onehot'
+    torch.testing.assert_close(relative_attention(q, k, v, 0.3, 'sdpa_onehot'),  # no terms: plain attention
+                               ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
 
 
 def test_flex_without_terms_is_plain_attention(eager_flex):
@@ -224,7 +247,7 @@ def test_auto_keeps_each_layers_cpu_kernel_and_avoids_flex_where_it_cannot_run()
     q, k, v, rows, _ = _inputs((3, 5))
     assert choose_kernel('auto', q, k, v, rows, cpu_kernel='explicit') == 'explicit'
     assert choose_kernel('auto', q, k, v, rows, cpu_kernel='sdpa') == 'sdpa'
-    for forced in ('explicit', 'sdpa'):
+    for forced in ('explicit', 'sdpa', 'sdpa_onehot'):
         assert choose_kernel(forced, q, k, v, rows, cpu_kernel='explicit') == forced
     with torch.no_grad():
         assert choose_kernel('flex', q, k, v, rows, cpu_kernel='explicit') == 'flex'
@@ -256,7 +279,7 @@ def test_forced_flex_that_cannot_run_says_why(case, match):
 
 
 def test_unknown_kernels_are_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"attn_kernel must be one of \('auto', 'explicit', 'sdpa', 'flex'\)"):
+    with pytest.raises(ValueError, match=r"attn_kernel must be one of \('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex'\)"):
         AAConv2d(8, 64, upsilon=0.25, attn_kernel='fused')
     with pytest.raises(ValueError, match='attn_kernel must be one of'):
         PositionalSelfAttention(8, 2, content=True, attn_kernel='triton')
@@ -276,7 +299,7 @@ def test_explicit_maps_tap_the_logits_whatever_the_kernel():
               PositionalSelfAttention(6, 2, position='query_relative', content=True)]
     inputs = [torch.randn(1, 6, 3, 5), torch.randn(1, 3, 5, 6)]
     for layer, x in zip(layers, inputs):
-        for kernel in ('sdpa', 'flex'):
+        for kernel in ('sdpa', 'sdpa_onehot', 'flex'):
             taps = []
             layer.logits_tap.register_forward_hook(lambda m, i, out: taps.append(out.shape))
             set_attn_kernel(layer, kernel)
@@ -291,7 +314,7 @@ def test_shipped_weights_give_the_same_logits_through_every_kernel(eager_flex, n
     x = normalize(load_samples()[0][:4], model.pretrained_cfg['mean'], model.pretrained_cfg['std'])
     with torch.no_grad():
         ref = set_attn_kernel(model, 'explicit')(x)
-        for kernel in ('auto', 'sdpa', 'flex'):
+        for kernel in ('auto', 'sdpa', 'sdpa_onehot', 'flex'):
             torch.testing.assert_close(set_attn_kernel(model, kernel)(x), ref, **TOL)
 
 

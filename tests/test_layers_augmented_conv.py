@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from timm_attnconv.layers import AAConv2d, aa_dims
 
-from .kernels import TOL, assert_sdpa_matches_explicit
+from .kernels import TOL, assert_sdpa_kernels_match_explicit
 
 
 def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ def _naive_aa(layer: AAConv2d, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize('stride,attn_pool,size,upsilon', [
     (1, False, (3, 4), 0.5), (2, False, (5, 7), 0.5), (1, True, (5, 6), 0.5), (1, False, (4, 3), 1.0)])
-@pytest.mark.parametrize('kernel', ['auto', 'sdpa', 'flex'])  # flex and SDPA: the kernels the layer takes on GPUs
+@pytest.mark.parametrize('kernel', ['auto', 'sdpa', 'sdpa_onehot', 'flex'])  # the fused kernels: for GPUs
 def test_matches_the_naive_per_head_per_position_reference(stride, attn_pool, size, upsilon, kernel, eager_flex):
     layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=upsilon, min_dim_head_qk=3, attn_grid=size,
                      attn_pool=attn_pool, qkv_bias=True, proj_bias=True, attn_kernel=kernel).eval()
@@ -79,14 +79,14 @@ def test_kernels_agree_with_the_explicit_maps_forward_and_gradients(stride, attn
     layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=size,
                      attn_pool=attn_pool, rel_pos=rel_pos)
     x = torch.randn(2, 6, *size)
-    ref = assert_sdpa_matches_explicit(layer, x)
+    ref = assert_sdpa_kernels_match_explicit(layer, x)
     layer.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
     with torch.no_grad():
         torch.testing.assert_close(layer(x), ref, **TOL)
 
 
 @pytest.mark.parametrize('stride,upsilon', [(1, 0.5), (2, 0.5), (1, 1.0)])
-@pytest.mark.parametrize('kernel', ['explicit', 'sdpa', 'flex'])
+@pytest.mark.parametrize('kernel', ['explicit', 'sdpa', 'sdpa_onehot', 'flex'])
 def test_channels_last_in_channels_last_out_with_the_same_head_order(stride, upsilon, kernel, eager_flex):
     # the heads are combined NHWC: an NCHW map would cost the output projection a layout conversion
     layer = AAConv2d(6, 16, 3, stride, num_heads=2, kappa=0.5, upsilon=upsilon, min_dim_head_qk=3, attn_grid=(5, 6),

@@ -10,7 +10,7 @@ from timm_attnconv.layers import (
     set_attn_kernel, set_attn_path)
 from timm_attnconv.layers import positional_attention
 
-from .kernels import TOL, assert_sdpa_matches_explicit
+from .kernels import TOL, assert_sdpa_kernels_match_explicit
 
 HEIGHT, WIDTH = 4, 6
 
@@ -94,14 +94,15 @@ def test_fused_and_explicit_content_attention_agree():
 def test_content_kernels_agree_with_the_explicit_maps_forward_and_gradients(position, grid, eager_flex):
     attn = PositionalSelfAttention(8, 3, position=position, content=True)
     x = torch.randn(2, *grid, 8)
-    ref = assert_sdpa_matches_explicit(attn, x)
-    attn.attn_kernel = 'flex'  # forward only: FlexAttention has no backward on CPU
-    with torch.no_grad():
-        if position == 'quadratic_gen':  # a row-column cross term: only a dense bias, which flex does not take
-            with pytest.raises(ValueError, match='no row\\+column form'):
-                attn(x)
-        else:
-            torch.testing.assert_close(attn(x), ref, **TOL)
+    ref = assert_sdpa_kernels_match_explicit(attn, x, ('sdpa', 'sdpa_onehot') if attn.axis_position else ('sdpa',))
+    for kernel in ('sdpa_onehot', 'flex'):  # flex forward only: FlexAttention has no backward on CPU
+        attn.attn_kernel = kernel
+        with torch.no_grad():
+            if position == 'quadratic_gen':  # a row-column cross term: only a dense bias, which neither takes
+                with pytest.raises(ValueError, match='no row\\+column form'):
+                    attn(x)
+            else:
+                torch.testing.assert_close(attn(x), ref, **TOL)
 
 
 def test_query_relative_needs_content():
@@ -234,7 +235,7 @@ def test_fuse_folds_a_content_layers_keys_into_its_queries(eager_flex, position)
         fused = copy.deepcopy(attn).fuse()
         assert (fused.k is None) == (position != 'quadratic_gen')
         torch.testing.assert_close(fused.attention_logits(x), logits, **TOL)
-        for kernel in ('explicit', 'sdpa') + (('flex',) if fused.axis_position else ()):
+        for kernel in ('explicit', 'sdpa') + (('sdpa_onehot', 'flex') if fused.axis_position else ()):
             torch.testing.assert_close(set_attn_kernel(fused, kernel)(x), out, **TOL)
         torch.testing.assert_close(torch.jit.script(set_attn_kernel(fused, 'auto'))(x), out, **TOL)
 

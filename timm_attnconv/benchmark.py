@@ -25,7 +25,7 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
     python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
     python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
     python -m timm_attnconv.benchmark --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 256 \
-        --device cuda                 # attention kernels explicit / sdpa / flex, each model at its default size
+        --device cuda                 # attention kernels explicit / sdpa / sdpa_onehot / flex, each model at its default size
     python -m timm_attnconv.benchmark --evolution-layouts --models deit_ea_small_patch16_224 --device cuda --amp bf16
 
 ``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
@@ -594,7 +594,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
     parser.add_argument('--kernels', nargs='*', choices=[k for k in ATTN_KERNELS if k != 'auto'], default=None,
                         help='instead: inference of --models with each attention kernel (default: explicit sdpa '
-                             'flex; speed is relative to the first)')
+                             'sdpa_onehot flex; speed is relative to the first)')
     parser.add_argument('--evolution-layouts', action='store_true',
                         help='instead: inference of --models (evolving-attention models) with the convolution over '
                              'their attention maps in channels_last (the default), NCHW and channels_last with the '

@@ -18,6 +18,11 @@ Kernels (:data:`ATTN_KERNELS`):
   attention), counts its FLOPs and exports everywhere (TorchScript, legacy ONNX).
 * ``'sdpa'``: materialises the ``(B or 1, h, N, N)`` bias and hands it to ``F.scaled_dot_product_attention`` as an
   additive mask.
+* ``'sdpa_onehot'``: the axis terms as channels, so that SDPA needs no mask: ``[scale·q, rows, cols]`` against
+  ``[k, e_row(key), e_col(key)]`` (one-hot key channels pick each query's term for the key's row and column) is the
+  logit above, exactly. Without a float mask ``F.scaled_dot_product_attention`` may take its fused kernels
+  (FlashAttention, memory-efficient), which hold no ``N × N`` tensor either; the price is ``H + W`` more channels
+  per head (zero-padded to a multiple of 8, the values to the same width, as FlashAttention wants one width).
 * ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
   inside the kernel, so no ``N × N`` tensor exists, forward or backward. Run compiled (eager FlexAttention forms the
   full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. In a ``torch.compile``'d
@@ -28,7 +33,8 @@ Kernels (:data:`ATTN_KERNELS`):
   than :data:`FLEX_WIDE_HEAD_DIM` now take one pipeline stage); such a shape is remembered, and
   :func:`relative_attention` runs SDPA there with a warning when the layer asked for ``'auto'``, or raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
-  fastest there); the explicit maps under tracing and ONNX export.
+  fastest there); the explicit maps under tracing and ONNX export. ``'sdpa_onehot'`` is asked for by name only until
+  a GPU measures it against the others (``python -m timm_attnconv.benchmark --kernels``).
 """
 import functools
 import warnings
@@ -45,7 +51,7 @@ __all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'FlexKernelError', 'check_att
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
            'set_attn_kernel']
 
-ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'flex')
+ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
 FLEX_MIN_HEAD_DIM = 16
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -143,13 +149,47 @@ def relative_attention(
     """
     if kernel == 'flex' and not torch.jit.is_scripting():
         return _flex_or_fallback(q, k, v, scale, rows, cols, 'sdpa' if requested == 'auto' else None)
+    if kernel == 'sdpa_onehot':
+        if bias is not None:
+            raise ValueError("attn_kernel='sdpa_onehot' takes row and column terms, not a dense bias: use 'sdpa'")
+        if rows is not None and cols is not None:
+            return _onehot_axis_attention(q, k, v, scale, rows, cols, dropout_p)
+        kernel = 'sdpa'  # no position terms: plain attention, which SDPA runs fused as it is
     if kernel != 'sdpa':
-        raise ValueError(f"relative_attention runs the fused kernels 'sdpa' and 'flex', got '{kernel}'")
+        raise ValueError(f"relative_attention runs the fused kernels 'sdpa', 'sdpa_onehot' and 'flex', got '{kernel}'")
     if bias is None and rows is not None and cols is not None:
         bias = relative_bias(rows, cols)
     if bias is not None:
         bias = bias.to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+
+
+def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(H·W, H + W)``: for each key of the row-major grid, a one in its row's channel and one in its column's."""
+    keys = torch.arange(height * width, device=device)
+    return torch.cat([F.one_hot(keys // width, height), F.one_hot(keys % width, width)], dim=-1).to(dtype)
+
+
+def _onehot_axis_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+        rows: torch.Tensor, cols: torch.Tensor, dropout_p: float,
+) -> torch.Tensor:
+    # [scale·q, rows, cols] · [k, e_row, e_col] = scale q·k + rows[key's row] + cols[key's column]: SDPA's own logit,
+    # without a mask (module docstring)
+    batch, heads, num_tokens, _ = q.shape
+    height, width = rows.shape[2], rows.shape[3]
+    value_dim = v.shape[-1]
+    channels = q.shape[-1] + height + width
+    padded = (channels + 7) // 8 * 8
+    padded_value = max(padded, (value_dim + 7) // 8 * 8)
+    rows = rows.reshape(-1, heads, num_tokens, height).to(q.dtype).expand(batch, -1, -1, -1)
+    cols = cols.reshape(-1, heads, num_tokens, width).to(q.dtype).expand(batch, -1, -1, -1)
+    zeros = q.new_zeros(1, 1, 1, padded_value - q.shape[-1] - height - width).expand(batch, heads, num_tokens, -1)
+    onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
+    q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
+    k = torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
+    v = F.pad(v.to(q.dtype), [0, padded_value - value_dim])
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]
 
 
 @functools.lru_cache(maxsize=None)
@@ -289,6 +329,12 @@ def choose_kernel(
     """The kernel that runs: ``requested`` unless it is ``'auto'`` (module docstring), or a ``ValueError`` when a
     forced ``'flex'`` cannot run here (the reason of :func:`flex_unsupported_reason`, and what to use instead)."""
     if requested == 'explicit' or requested == 'sdpa':
+        return requested
+    if requested == 'sdpa_onehot':
+        if dense_bias:
+            raise ValueError("attn_kernel='sdpa_onehot' cannot run here: the position term has no row+column form, "
+                             "so there are no axis terms to turn into channels. Use attn_kernel='sdpa' (it takes the "
+                             "dense bias as its mask), 'auto' or 'explicit'.")
         return requested
     if requested == 'auto':
         if not torch.jit.is_scripting():

@@ -67,7 +67,8 @@ class AAConv2d(AttentionLayer):
         resize_tables: interpolate relative tables for grids larger than ``attn_grid`` (else ``ValueError``).
         attn_kernel: how the attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`: ``'explicit'``
             (the ``(hw)²`` logits in place, the reference), ``'sdpa'`` (the relative logits as SDPA's additive mask),
-            ``'flex'`` (FlexAttention adds them inside the kernel: no ``(hw)²`` tensor) or ``'auto'`` (default:
+            ``'sdpa_onehot'`` (the relative logits as query channels against one-hot key channels: SDPA without a
+            mask), ``'flex'`` (FlexAttention adds them inside the kernel: no ``(hw)²`` tensor) or ``'auto'`` (default:
             ``'flex'`` on CUDA where it can run, else ``'sdpa'``; ``'explicit'`` on CPU, measured faster there, and
             wherever timm's fused attention is switched off). All agree to float rounding.
 

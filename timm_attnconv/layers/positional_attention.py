@@ -98,7 +98,8 @@ class PositionalSelfAttention(AttentionLayer):
             at construction for an inexact position term, in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
-            ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
+            ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
+            mask), ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
             ``'auto'`` (default: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; ``'sdpa'`` on CPU; the
             explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
     """
