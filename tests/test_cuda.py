@@ -116,7 +116,7 @@ def test_a_training_step_under_bf16_autocast_stays_finite(name):
 
 @pytest.mark.parametrize('name, size', [('sa_quadratic_cifar', 32), ('sa_quadratic_cifar', 48),
                                         ('sa_learned_cifar', 48)])
-@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'auto'])
+@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'separable_values_first', 'auto'])
 def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
     # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the batched separable form)
     model, x = _small(name, size=size)

@@ -279,7 +279,8 @@ def test_forced_flex_that_cannot_run_says_why(case, match):
 
 
 def test_unknown_kernels_are_refused_with_the_choices():
-    with pytest.raises(ValueError, match=r"attn_kernel must be one of \('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex'\)"):
+    with pytest.raises(ValueError,
+                       match=r"attn_kernel must be one of \('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex'\)"):
         AAConv2d(8, 64, upsilon=0.25, attn_kernel='fused')
     with pytest.raises(ValueError, match='attn_kernel must be one of'):
         PositionalSelfAttention(8, 2, content=True, attn_kernel='triton')

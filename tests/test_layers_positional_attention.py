@@ -124,7 +124,7 @@ def test_an_unknown_position_term_lists_the_registered_ones():
         PositionalSelfAttention(8, 2, position='sinusoid')
 
 
-EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched')
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first')
 
 
 @pytest.mark.parametrize('position', ['quadratic', 'learned'])
@@ -171,6 +171,7 @@ def test_every_exact_path_gives_the_same_output_and_gradients(position):
     ('dense', 'cuda', (48, 48), 'dense'),
     ('separable_loop', 'cuda', (48, 48), 'separable_loop'),
     ('separable_batched', 'cpu', (2, 2), 'separable_batched'),
+    ('separable_values_first', 'cuda', (16, 16), 'separable_values_first'),
 ])
 def test_the_rule_table_picks_the_path(attn_path, device_type, grid, expected):
     assert resolve_attn_path(attn_path, device_type, grid[0] * grid[1]) == expected

@@ -27,9 +27,10 @@ from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
-# what attn_path may ask for; the last two force one form of the separable algorithm (benchmarks, tests)
-ATTN_PATHS = ('auto', 'dense', 'separable', 'separable_loop', 'separable_batched')
-SEPARABLE_PATHS = ('separable', 'separable_loop', 'separable_batched')
+# what attn_path may ask for; the last three force one form of the separable algorithm (benchmarks, tests)
+SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first')
+ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
+SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
 
 
 def auto_path_rule(device_type: str) -> Tuple[int, str]:
@@ -45,8 +46,9 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
     * ``cuda`` (H100, the per-head loop against dense): bf16 batch 256 at 16×16 tokens, dense 1.8× faster (18,758 vs
       10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
       at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, in the batched form (all heads in one
-      contraction). The crossover was measured with the loop only and is not re-measured for the batched form, whose
-      GPU speed is not measured yet (``python -m timm_attnconv.benchmark --paths`` times all three).
+      contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against dense at
+      16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200. The
+      values-first form is not measured on a GPU yet.
     * other devices keep what every device ran before this table: the loop, everywhere it is exact.
     """
     rules = {
@@ -58,12 +60,12 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
 
 def resolve_attn_path(attn_path: str, device_type: str, num_tokens: int) -> str:
     """The algorithm ``attn_path`` runs for a separable layer on ``device_type`` (``x.device.type``) over a grid of
-    ``num_tokens`` query tokens: ``'dense'``, ``'separable_loop'`` or ``'separable_batched'``.
+    ``num_tokens`` query tokens: ``'dense'`` or one of the separable forms.
 
     ``'auto'`` and ``'separable'`` follow :func:`auto_path_rule` (``'separable'`` takes the device's separable form at
-    every grid); ``'dense'`` and the two forms are taken as asked.
+    every grid); ``'dense'`` and the forms are taken as asked.
     """
-    if attn_path == 'dense' or attn_path == 'separable_loop' or attn_path == 'separable_batched':
+    if attn_path == 'dense' or attn_path.startswith('separable_'):  # one of SEPARABLE_FORMS (TorchScript: no globals)
         return attn_path
     dense_up_to, separable_form = auto_path_rule(device_type)
     if attn_path == 'auto' and num_tokens <= dense_up_to:
@@ -94,7 +96,8 @@ class PositionalSelfAttention(AttentionLayer):
             ``dense`` where separable is inexact). The separable algorithm has two forms, chosen per device by the
             same table: a loop over heads that applies each head's value map as soon as its average is formed
             (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
-            ``'separable_batched'`` force one. A forced separable path raises ``ValueError`` where it cannot run:
+            ``'separable_batched'`` force one, ``'separable_values_first'`` a third form (value maps before the
+            averages: no heads·D-wide copy; for measurement). A forced separable path raises ``ValueError`` where it cannot run:
             at construction for an inexact position term, in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
@@ -157,7 +160,7 @@ class PositionalSelfAttention(AttentionLayer):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def _algorithm(self, x: torch.Tensor) -> str:
-        """The algorithm of this call: ``'dense'``, ``'separable_loop'`` or ``'separable_batched'``. Decided per call,
+        """The algorithm of this call: ``'dense'`` or a separable form (:func:`resolve_attn_path`). Decided per call,
         from the device ``x`` is on, so a model moved between devices takes each device's choice."""
         if not self.separable or self.attn_path == 'dense' or self.form_maps:
             return 'dense'
@@ -259,6 +262,26 @@ class PositionalSelfAttention(AttentionLayer):
         y = y.reshape(heads, width, height, batch, dim).permute(3, 2, 1, 0, 4)  # (B, H, W, heads, D)
         return self.proj_heads(y.reshape(batch, height, width, heads * dim))
 
+    def _attend_separable_values_first(self, x: torch.Tensor) -> torch.Tensor:
+        # The same sum in another order: Σ_h A_cols,h (A_rows,h (X W_hᵀ)). The batched form's last step copies its
+        # (heads, W, H, B, D) result into the (B, H, W, heads·D) layout proj_heads reads (30% of its GPU time at 96 px,
+        # BENCHMARK.md); applying each head's value map first lets the column mix sum over heads and key columns in
+        # one GEMM, so only (B, H, W, D)-sized tensors change layout.
+        batch, height, width, dim = x.shape
+        heads = self.num_heads
+        rows, cols = self.pos.axis_logits(height, width)
+        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        weight, bias = self.proj_heads.weight.to(x.dtype), self.proj_heads.bias.to(x.dtype)
+        out_dim = weight.shape[0]
+        tokens = x.permute(2, 0, 1, 3).reshape(1, width * batch * height, dim)  # (1, W_l·B·H_k, D)
+        values = torch.bmm(tokens.expand(heads, -1, -1), weight.view(out_dim, heads, dim).permute(1, 2, 0))
+        # mix key rows: (heads, W_l·B, H, O)
+        y = torch.matmul(rows[:, None], values.view(heads, width * batch, height, out_dim))
+        # mix key columns and sum the heads: (W, heads·W_l) @ (heads·W_l, B·H·O), the bias added by the GEMM
+        out = torch.addmm(bias.repeat(batch * height), cols.transpose(0, 1).reshape(width, heads * width),
+                          y.view(heads * width, batch * height * out_dim))
+        return out.view(width, batch, height, out_dim).permute(1, 2, 0, 3).contiguous()
+
     def _content_kernel(self, q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, rows: Optional[torch.Tensor],
                         dense_bias: bool, dropout_p: float) -> str:
         if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
@@ -321,6 +344,8 @@ class PositionalSelfAttention(AttentionLayer):
             out = self._attend_separable_loop(x)
         elif algorithm == 'separable_batched':
             out = self._attend_separable_batched(x)
+        elif algorithm == 'separable_values_first':
+            out = self._attend_separable_values_first(x)
         else:
             out = self._attend_dense(x)
         return self.proj_drop(self.proj(out))
