@@ -434,11 +434,11 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     }
 
 
-def _pruned_cfg(tag: str, fine_tune: str) -> Dict[str, Any]:
-    # the pruned model's CPU fine-tunes differ only in how they were fine-tuned
+def _pruned_cfg(tag: str, fine_tune: str, hardware: str = '2 CPU cores') -> Dict[str, Any]:
+    # the pruned model's fine-tunes differ only in how, and on what, they were fine-tuned
     return _cfg(hf_hub_id=hub_id(f'sa_quadratic_gen_pruned_cifar.{tag}'),
                 notes=('Table 1 "pruned" model: heads (7,5,8,7,3,9), 9.7M params',
-                       f'trained here: {fine_tune} on 2 CPU cores (paper: pruned from a 300-epoch run, fine-tuned)'))
+                       f'trained here: {fine_tune} on {hardware} (paper: pruned from a 300-epoch run, fine-tuned)'))
 
 
 default_cfgs = generate_default_cfgs({
@@ -450,6 +450,8 @@ default_cfgs = generate_default_cfgs({
         hf_hub_id=hub_id('sa_quadratic_gen_cifar.c10'),
         notes=('Table 1 "SA quadratic emb. generalized": 12.1M params',
                'trained here: 100 AdamW epochs on one H100 (paper: 300 epochs of SGD)')),
+    'sa_quadratic_gen_pruned_cifar.c10': _pruned_cfg(
+        'c10', 'c10_cpu3 fine-tuned for 20 AdamW epochs at lr 1e-4', hardware='one H200'),
     'sa_quadratic_gen_pruned_cifar.c10_cpu3': _pruned_cfg(
         'c10_cpu3', 'c10_cpu2 fine-tuned for a pass over all 50,000 training images at lr 1e-4'),
     'sa_quadratic_gen_pruned_cifar.c10_cpu2': _pruned_cfg(
