@@ -178,6 +178,17 @@ def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
     assert RATIO.search(flex_line)
 
 
+def test_training_steps_through_each_kernel_on_cpu(capsys):
+    rows = benchmark.main(['--train', '--kernels', 'explicit', 'sdpa_onehot', 'flex', '--models', 'aa_resnet20_cifar',
+                           '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
+    assert [r['kernel'] for r in rows] == ['explicit', 'sdpa_onehot', 'flex']
+    assert rows[0]['speed'] == 1.0 and rows[1]['img_s'] > 0 and rows[1]['speed_min'] <= rows[1]['speed_max']
+    assert 'no backward on CPU' in rows[2]['error']  # FlexAttention cannot train here: listed with its reason
+    out = capsys.readouterr().out
+    line, = [line for line in out.splitlines() if ' sdpa_onehot ' in line]
+    assert RATIO.search(line) and re.search(r' flex +cannot run: ', out)
+
+
 def test_evolution_layouts_end_to_end_on_cpu(capsys):
     rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
                            '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])

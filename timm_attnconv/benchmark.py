@@ -28,7 +28,7 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
         --device cuda                 # attention kernels explicit / sdpa / sdpa_onehot / flex, each model at its default size
     python -m timm_attnconv.benchmark --evolution-layouts --models deit_ea_small_patch16_224 --device cuda --amp bf16
 
-``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
+``--kernels`` (with ``--train``: their training steps) times the attention kernels of the AA and SA content layers (``attn_kernel``, see
 :mod:`timm_attnconv.layers.attention_kernels`) on one model's weights: img/s, speed over the first kernel named,
 peak memory and ``max |Δ logits|``; a kernel that cannot run on the device (FlexAttention without a CPU backward, a
 dtype it lacks) is listed with the reason instead. ``--evolution-layouts`` times an evolving-attention model with the
@@ -369,6 +369,29 @@ def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: in
     return compare_variants(name, img_size, batch_size, variants, 'evolution conv', iters, **options)
 
 
+def _training_step(model: nn.Module, batch_size: int, dev: torch.device, amp: Optional[torch.dtype],
+                   channels_last: bool) -> Callable[[nn.Module], None]:
+    """``step(forward)``: one full training step of ``model`` (forward through ``forward``, the model or its compiled
+    form; backward; AdamW) on a fixed random batch at 32×32. ``model`` is in its memory format already: the optimizer
+    state takes the parameters' layout."""
+    from timm.optim import create_optimizer_v2
+
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
+    x = _images(batch_size, 32, dev, channels_last)
+    y = torch.randint(0, 10, (batch_size,), device=dev)
+    # fp16 trains with loss scaling, as timm_attnconv.train does (its unscale and inf check are part of the step)
+    grad_scaler = torch.amp.GradScaler(dev.type, enabled=amp is torch.float16)
+
+    def step(forward: nn.Module) -> None:
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            loss = nn.functional.cross_entropy(forward(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        grad_scaler.scale(loss).backward()
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+    return step
+
+
 def training_throughput(
         name: str, batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
@@ -379,37 +402,60 @@ def training_throughput(
     FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one eager step (matrix products and
     convolutions of forward and backward; 2 per multiply-add)."""
     import timm
-    from timm.optim import create_optimizer_v2
     from torch.utils.flop_counter import FlopCounterMode
 
     dev = torch.device(device)
-    # in its memory format before the optimizer creates its state, which then takes the parameters' layout
     model = _prepared(timm.create_model(name).train().to(dev), False, channels_last)
-    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3)
-    x = _images(batch_size, 32, dev, channels_last)
-    y = torch.randint(0, 10, (batch_size,), device=dev)
-    # fp16 trains with loss scaling, as timm_attnconv.train does (its unscale and inf check are part of the step)
-    grad_scaler = torch.amp.GradScaler(dev.type, enabled=amp is torch.float16)
-    forward = model  # step() reads it when called: eager for the FLOP count, then compiled if asked
-
-    def step():
-        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
-            loss = nn.functional.cross_entropy(forward(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        grad_scaler.scale(loss).backward()
-        grad_scaler.step(optimizer)
-        grad_scaler.update()
-
+    step = _training_step(model, batch_size, dev, amp, channels_last)
     # counted before compiling: the counter sees the eager operators; this step also creates the optimizer state
     with FlopCounterMode(display=False) as counter:
-        step()
-    forward = _prepared(model, compile_model)
-    timing = measure([step], steps, dev, max_warmup)
+        step(model)
+    timing = measure([functools.partial(step, _prepared(model, compile_model))], steps, dev, max_warmup)
     seconds = timing['seconds'][0]
     img_s = median_spread([batch_size / s for s in seconds])
     return dict(name=name, batch=batch_size, reps=steps, warmup_runs=timing['warmup_runs'],
                 img_s=img_s['median'], img_s_min=img_s['min'], img_s_max=img_s['max'],
                 gflop_s=counter.get_total_flops() / statistics.median(seconds) / 1e9)
+
+
+def compare_training_kernels(
+        name: str, kernels: Sequence[str], batch_size: int = 256, steps: int = 3, device: str = 'cpu',
+        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP,
+        channels_last: bool = False,
+) -> List[Dict[str, object]]:
+    """Training steps of ``name`` (as :func:`training_throughput`) through each attention kernel of ``kernels``
+    (``set_attn_kernel``; one copy of the model each, same initial weights), interleaved: a row per kernel with img/s
+    and ``speed`` = the first kernel's step time over this one's (median and range over repetitions). A kernel that
+    cannot train here (a ``ValueError`` that says why: FlexAttention has no CPU backward) gives a row with its
+    ``error``."""
+    import copy
+
+    import timm
+
+    dev = torch.device(device)
+    model = timm.create_model(name).train()
+    rows, sides = [], []
+    for kernel in kernels:
+        variant = _prepared(set_attn_kernel(copy.deepcopy(model), kernel).to(dev), False, channels_last)
+        step = _training_step(variant, batch_size, dev, amp, channels_last)
+        row = dict(name=name, batch=batch_size, kernel=kernel, reps=steps)
+        try:
+            step(variant)  # creates the optimizer state; a kernel that cannot run says so here
+        except ValueError as error:
+            rows.append(dict(row, error=str(error)))
+            continue
+        rows.append(row)
+        sides.append(functools.partial(step, _prepared(variant, compile_model)))
+    timed = [row for row in rows if 'error' not in row]
+    if not timed:
+        return rows
+    timing = measure(sides, steps, dev, max_warmup)
+    first_seconds = timing['seconds'][0]
+    for row, seconds, warmup in zip(timed, timing['seconds'], timing['warmup_runs']):
+        speed = median_spread([a / b for a, b in zip(first_seconds, seconds)])
+        row.update(warmup_runs=warmup, img_s=batch_size / statistics.median(seconds), speed=speed['median'],
+                   speed_min=speed['min'], speed_max=speed['max'])
+    return rows
 
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
@@ -544,12 +590,31 @@ def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     import timm_attnconv
     names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
     print(_header('training steps (AdamW), 32 px', args))
+    if args.kernels is not None:
+        return _train_kernels(names, args)
     rows = []
     for name in names:
         row = training_throughput(name, args.batch_size or 256, args.iters, args.device, **_options(args))
         img_s = f"{row['img_s']:.1f} ({row['img_s_min']:.1f}–{row['img_s_max']:.1f})"
         print(f"{name:32s} batch {row['batch']:4d} {img_s:>24s} img/s {row['gflop_s']:8.1f} GFLOP/s", flush=True)
         rows.append(row)
+    return rows
+
+
+def _train_kernels(names: Sequence[str], args: argparse.Namespace) -> List[Dict[str, object]]:
+    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+    rows = []
+    for name in names:
+        for r in compare_training_kernels(name, kernels, args.batch_size or 256, args.iters, args.device,
+                                          **_options(args)):
+            head = f"{name:32s} batch {r['batch']:4d} {r['kernel']:12s}"
+            if 'error' in r:
+                print(f"{head} cannot run: {r['error']}", flush=True)
+            else:
+                speed = ratio_text(dict(median=r['speed'], min=r['speed_min'], max=r['speed_max']))
+                print(f"{head} {r['img_s']:9.1f} img/s {speed:>19s}", flush=True)
+            rows.append(r)
+    print(f'speed: {kernels[0]} step time / this kernel\'s step time.')
     return rows
 
 
@@ -577,7 +642,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='model for the bf16 check ("" to skip)')
     parser.add_argument('--train', action='store_true',
                         help='instead: training-step throughput of the compact CPU-trainable models (or --models), '
-                             'batch 256')
+                             'batch 256; with --kernels, each model through those kernels, interleaved')
     parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='none',
                         help='autocast dtype of every timed side, inference and --train (fp16 training steps scale '
                              'the loss with a GradScaler, as timm_attnconv.train does)')

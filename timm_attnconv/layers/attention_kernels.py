@@ -33,8 +33,9 @@ Kernels (:data:`ATTN_KERNELS`):
   than :data:`FLEX_WIDE_HEAD_DIM` now take one pipeline stage); such a shape is remembered, and
   :func:`relative_attention` runs SDPA there with a warning when the layer asked for ``'auto'``, or raises.
 * ``'auto'``: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU the layer's own choice (what it measured
-  fastest there); the explicit maps under tracing and ONNX export. ``'sdpa_onehot'`` is asked for by name only until
-  a GPU measures it against the others (``python -m timm_attnconv.benchmark --kernels``).
+  fastest there: ``'sdpa_onehot'`` wherever it applies); the explicit maps under tracing and ONNX export. On CUDA
+  ``'sdpa_onehot'`` is asked for by name until a GPU measures it against the others (``python -m
+  timm_attnconv.benchmark --kernels``).
 """
 import functools
 import warnings
