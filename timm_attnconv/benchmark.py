@@ -10,8 +10,8 @@ For every model and input size, in one process on one machine:
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
 and the ratios (memory: peak tensor allocations of one forward pass). ``--paths`` instead times the exact algorithms
 of the separable SA models against each other, ``dense``, ``separable_loop`` (one head at a time),
-``separable_batched`` (all heads in one contraction) and ``separable_values_first`` (value maps first), and prints the one ``attn_path='auto'`` takes on the device:
-the measurement behind ``timm_attnconv.layers.auto_path_rule``.
+``separable_batched`` (all heads in one contraction) and ``separable_values_first`` (value maps first), and prints
+the one ``attn_path='auto'`` takes on the device: the measurement behind ``timm_attnconv.layers.auto_path_rule``.
 
 Timing: each side is first run until two successive calls agree within 5% (at most ``--max-warmup`` runs), then the
 two sides of a comparison alternate, ABBA, for ``--iters`` repetitions; a ratio is the median of the per-repetition
@@ -25,11 +25,11 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
     python -m timm_attnconv.benchmark --versus aa_resnet50:resnet50 --sizes 224 320   # AA-ResNet vs timm ResNet
     python -m timm_attnconv.benchmark --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}'
     python -m timm_attnconv.benchmark --kernels --models aa_resnet50 sa_learned_content_cifar --batch-size 256 \
-        --device cuda                 # attention kernels explicit / sdpa / sdpa_onehot / flex, each model at its default size
+        --device cuda                 # every attention kernel, each model at its default size
     python -m timm_attnconv.benchmark --evolution-layouts --models deit_ea_small_patch16_224 --device cuda --amp bf16
 
-``--kernels`` (with ``--train``: their training steps) times the attention kernels of the AA and SA content layers (``attn_kernel``, see
-:mod:`timm_attnconv.layers.attention_kernels`) on one model's weights: img/s, speed over the first kernel named,
+``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
+:mod:`timm_attnconv.layers.attention_kernels`; with ``--train``, their training steps) on one model's weights: img/s, speed over the first kernel named,
 peak memory and ``max |Δ logits|``; a kernel that cannot run on the device (FlexAttention without a CPU backward, a
 dtype it lacks) is listed with the reason instead. ``--evolution-layouts`` times an evolving-attention model with the
 convolution over its attention maps in channels_last (the default, measured faster on CPU), in NCHW memory format and
@@ -652,8 +652,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "timm's train.py and benchmark.py --channels-last run convolutional nets on GPUs")
     parser.add_argument('--paths', action='store_true',
                         help='instead: time the exact attention algorithms (dense, separable_loop, '
-                             'separable_batched, separable_values_first) of the separable SA models (or --models) against each other, and '
-                             'show the one attn_path=auto takes on this device')
+                             'separable_batched, separable_values_first) of the separable SA models (or --models) '
+                             'against each other, and show the one attn_path=auto takes on this device')
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')

@@ -204,7 +204,7 @@ class AAConv2d(AttentionLayer):
         if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
             return 'explicit'
         # on CPU SDPA without a mask beats the explicit maps (a float mask sends it to its slower math kernel):
-        # AA-ResNet-20 1.36× at inference, 1.32× in training; BENCHMARK.md
+        # AA-ResNet-20 1.36× at inference, 1.38× in training; BENCHMARK.md
         return choose_kernel(self.attn_kernel, q, k, v, rows, cpu_kernel='sdpa_onehot')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

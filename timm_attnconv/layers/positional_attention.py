@@ -97,8 +97,9 @@ class PositionalSelfAttention(AttentionLayer):
             same table: a loop over heads that applies each head's value map as soon as its average is formed
             (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
             ``'separable_batched'`` force one, ``'separable_values_first'`` a third form (value maps before the
-            averages: no heads·D-wide copy; for measurement). A forced separable path raises ``ValueError`` where it cannot run:
-            at construction for an inexact position term, in training while attention dropout is active.
+            averages: no heads·D-wide copy; for measurement). A forced separable path raises ``ValueError`` where
+            it cannot run: at construction for an inexact position term, in training while attention dropout is
+            active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
