@@ -31,9 +31,10 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
 ``--kernels`` times the attention kernels of the AA and SA content layers (``attn_kernel``, see
 :mod:`timm_attnconv.layers.attention_kernels`; with ``--train``, their training steps) on one model's weights:
 img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a kernel that cannot run on the device
-(FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts`` times an evolving-attention model with the
-convolution over its attention maps in channels_last (the default, measured faster on CPU), in NCHW memory format and
-channels_last with the heads zero-padded to 8 channels (``timm_attnconv.layers.set_evolution_layout``), likewise.
+(FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts``
+times an evolving-attention model with the convolution over its attention maps in channels_last (the default,
+measured faster on CPU), in NCHW memory format and channels_last with the heads zero-padded to 8 channels
+(``timm_attnconv.layers.set_evolution_layout``), likewise.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
