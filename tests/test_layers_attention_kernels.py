@@ -125,6 +125,21 @@ def test_sdpa_onehot_takes_axis_terms_only_and_says_so():
                                ((q * 0.3) @ k.transpose(-1, -2)).softmax(-1) @ v, **TOL)
 
 
+@pytest.mark.parametrize('position,expected', [('query_relative', 1), ('quadratic_gen', 0)])
+def test_auto_takes_sdpa_onehot_on_cpu_where_a_layer_has_axis_terms(monkeypatch, position, expected):
+    # the CPU choice measured fastest (BENCHMARK.md); a dense position bias keeps SDPA with it as the mask
+    calls = []
+    onehot = attention_kernels._onehot_axis_attention
+    monkeypatch.setattr(attention_kernels, '_onehot_axis_attention', lambda *a: calls.append(1) or onehot(*a))
+    aa = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(3, 5)).eval()
+    content = PositionalSelfAttention(6, 2, position=position, content=True).eval()
+    with torch.no_grad():
+        aa(torch.randn(1, 6, 3, 5))
+        assert len(calls) == 1
+        content(torch.randn(1, 3, 5, 6))
+    assert len(calls) == 1 + expected
+
+
 def test_flex_without_terms_is_plain_attention(eager_flex):
     q, k, v, _, _ = _inputs((3, 5))
     with torch.no_grad():
