@@ -96,7 +96,10 @@ targets --compile
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
 step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
+# the compiled AA target: FlexAttention (what 'auto' takes on CUDA) against SDPA without a mask (session 35)
+step $B --compile --kernels sdpa_onehot flex --models aa_resnet50 --batch-size 128
 step $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
 step $B --train --models aa_resnet20_cifar --batch-size 256
+step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50
