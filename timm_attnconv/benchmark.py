@@ -340,17 +340,25 @@ def compare_variants(
             continue
         rows.append(row)
         sides.append(side)
+    for row, first in zip(_time_against_the_first(rows, sides, batch_size, iters, dev, max_warmup), firsts):
+        row.update(peak_mb=first['peak_mb'], max_abs_diff=(first['logits'] - firsts[0]['logits']).abs().max().item())
+    return rows
+
+
+def _time_against_the_first(rows: List[Dict[str, object]], sides: Sequence[Callable[[], object]], batch_size: int,
+                            iters: int, dev: torch.device, max_warmup: int) -> List[Dict[str, object]]:
+    # the rows without an error, one per side, interleaved: img/s and speed = the first side's time over this one's
+    # (median and range over repetitions) added to each; returns those rows
     timed = [row for row in rows if 'error' not in row]
     if not timed:
-        return rows
+        return timed
     timing = measure(sides, iters, dev, max_warmup)
     first_seconds = timing['seconds'][0]
-    for row, seconds, first, warmup in zip(timed, timing['seconds'], firsts, timing['warmup_runs']):
+    for row, seconds, warmup in zip(timed, timing['seconds'], timing['warmup_runs']):
         speed = median_spread([a / b for a, b in zip(first_seconds, seconds)])
         row.update(warmup_runs=warmup, img_s=batch_size / statistics.median(seconds), speed=speed['median'],
-                   speed_min=speed['min'], speed_max=speed['max'], peak_mb=first['peak_mb'],
-                   max_abs_diff=(first['logits'] - firsts[0]['logits']).abs().max().item())
-    return rows
+                   speed_min=speed['min'], speed_max=speed['max'])
+    return timed
 
 
 def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
@@ -447,15 +455,7 @@ def compare_training_kernels(
             continue
         rows.append(row)
         sides.append(functools.partial(step, _prepared(variant, compile_model)))
-    timed = [row for row in rows if 'error' not in row]
-    if not timed:
-        return rows
-    timing = measure(sides, steps, dev, max_warmup)
-    first_seconds = timing['seconds'][0]
-    for row, seconds, warmup in zip(timed, timing['seconds'], timing['warmup_runs']):
-        speed = median_spread([a / b for a, b in zip(first_seconds, seconds)])
-        row.update(warmup_runs=warmup, img_s=batch_size / statistics.median(seconds), speed=speed['median'],
-                   speed_min=speed['min'], speed_max=speed['max'])
+    _time_against_the_first(rows, sides, batch_size, steps, dev, max_warmup)
     return rows
 
 

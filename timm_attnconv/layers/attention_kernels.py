@@ -165,6 +165,14 @@ def relative_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
 
 
+def _terms_per_query(rows: torch.Tensor, cols: torch.Tensor, batch: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    # (B', h, H, W, H) and (B', h, H, W, W) → (B, h, N, H) and (B, h, N, W): a row of terms per query token; stride 0
+    # over a shared batch, so an input-independent term is not copied B times
+    heads, height, width = rows.shape[1], rows.shape[2], rows.shape[3]
+    return (rows.reshape(-1, heads, height * width, height).expand(batch, -1, -1, -1),
+            cols.reshape(-1, heads, height * width, width).expand(batch, -1, -1, -1))
+
+
 def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``(H·W, H + W)``: for each key of the row-major grid, a one in its row's channel and one in its column's."""
     keys = torch.arange(height * width, device=device)
@@ -181,15 +189,13 @@ def _onehot_axis_attention(
     height, width = rows.shape[2], rows.shape[3]
     value_dim = v.shape[-1]
     channels = q.shape[-1] + height + width
-    padded = (channels + 7) // 8 * 8
-    padded_value = max(padded, (value_dim + 7) // 8 * 8)
-    rows = rows.reshape(-1, heads, num_tokens, height).to(q.dtype).expand(batch, -1, -1, -1)
-    cols = cols.reshape(-1, heads, num_tokens, width).to(q.dtype).expand(batch, -1, -1, -1)
-    zeros = q.new_zeros(1, 1, 1, padded_value - q.shape[-1] - height - width).expand(batch, heads, num_tokens, -1)
+    common = (max(channels, value_dim) + 7) // 8 * 8  # one width for q, k and v, a multiple of 8
+    rows, cols = _terms_per_query(rows.to(q.dtype), cols.to(q.dtype), batch)
+    zeros = q.new_zeros(1, 1, 1, common - channels).expand(batch, heads, num_tokens, -1)
     onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
     q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
     k = torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
-    v = F.pad(v.to(q.dtype), [0, padded_value - value_dim])
+    v = F.pad(v.to(q.dtype), [0, common - value_dim])
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]
 
 
@@ -214,13 +220,11 @@ def _flex_kernel_options(device_type: str, head_dim: int) -> Optional[Dict[str, 
 
 
 def _axis_score_mod(rows: Optional[torch.Tensor], cols: Optional[torch.Tensor], batch: int):
-    # (B', h, H, W, H) → (B, h, N, H): the key's row and column pick a term of the query's rows; stride 0 over a
-    # shared batch, so an input-independent term is not copied B times. No terms: plain attention (None)
+    # the key's row and column pick a term of the query's rows. No terms: plain attention (None)
     if rows is None or cols is None:
         return None
-    _, heads, height, width = rows.shape[:4]
-    rows = rows.reshape(-1, heads, height * width, height).expand(batch, -1, -1, -1)
-    cols = cols.reshape(-1, heads, height * width, width).expand(batch, -1, -1, -1)
+    width = rows.shape[3]
+    rows, cols = _terms_per_query(rows, cols, batch)
 
     def add_axis_terms(score, b, h, q_idx, kv_idx):
         return score + rows[b, h, q_idx, kv_idx // width] + cols[b, h, q_idx, kv_idx % width]

@@ -230,12 +230,16 @@ class PositionalSelfAttention(AttentionLayer):
         """Attention probabilities ``(1 or B, heads, H·W, H·W)`` (without dropout), for analysis and tests."""
         return self.attention_logits(x).softmax(dim=-1)
 
+    def _axis_probs(self, height: int, width: int, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        # the factorised maps: softmax over key rows (heads, H, H) and over key columns (heads, W, W)
+        rows, cols = self.pos.axis_logits(height, width)
+        return rows.softmax(dim=-1).to(dtype), cols.softmax(dim=-1).to(dtype)
+
     def _attend_separable_loop(self, x: torch.Tensor) -> torch.Tensor:
         # Σ_h (A_rows,h ⊗ A_cols,h) X W_hᵀ, one head at a time: measured faster on CPU than materialising the
         # heads·D-wide concatenation, at every grid size tried (README, benchmark), and it never needs an (HW)² map.
         batch, height, width, dim = x.shape
-        rows, cols = self.pos.axis_logits(height, width)
-        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        rows, cols = self._axis_probs(height, width, x.dtype)
         weight, bias = self.proj_heads.weight, self.proj_heads.bias
         by_rows = x.reshape(batch * height, width, dim)
         out = bias.to(x.dtype).expand(batch * height * width, bias.shape[0])
@@ -254,8 +258,7 @@ class PositionalSelfAttention(AttentionLayer):
         # instead of 3 per head: the shape a GPU wants.
         batch, height, width, dim = x.shape
         heads = self.num_heads
-        rows, cols = self.pos.axis_logits(height, width)
-        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        rows, cols = self._axis_probs(height, width, x.dtype)
         # keys' row axis first and column axis last, so that each step contracts an outer axis of one operand
         by_rows = x.permute(1, 0, 3, 2).reshape(height, batch * dim * width)  # (H_k, B·D·W_l)
         y = rows.reshape(heads * height, height) @ by_rows  # mix key rows: (heads·H, B·D·W_l)
@@ -271,8 +274,7 @@ class PositionalSelfAttention(AttentionLayer):
         # one GEMM, so only (B, H, W, D)-sized tensors change layout.
         batch, height, width, dim = x.shape
         heads = self.num_heads
-        rows, cols = self.pos.axis_logits(height, width)
-        rows, cols = rows.softmax(dim=-1).to(x.dtype), cols.softmax(dim=-1).to(x.dtype)
+        rows, cols = self._axis_probs(height, width, x.dtype)
         weight, bias = self.proj_heads.weight.to(x.dtype), self.proj_heads.bias.to(x.dtype)
         out_dim = weight.shape[0]
         tokens = x.permute(2, 0, 1, 3).reshape(1, width * batch * height, dim)  # (1, W_l·B·H_k, D)
