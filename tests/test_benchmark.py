@@ -192,13 +192,18 @@ def test_training_steps_through_each_kernel_on_cpu(capsys):
 def test_evolution_layouts_end_to_end_on_cpu(capsys):
     rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
                            '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
-    assert [r['evolution conv'] for r in rows] == ['channels_last', 'nchw', 'channels_last_padded']
+    assert [r['evolution conv'] for r in rows] == ['channels_last', 'nchw', 'channels_last_padded', 'shifted_sum']
     assert rows[0]['speed'] == 1.0
     for row in rows[1:]:
         assert row['speed_min'] <= row['speed'] <= row['speed_max']
-        assert row['max_abs_diff'] < 1e-5  # a memory format, not another computation
+        assert row['max_abs_diff'] < 1e-5  # the same convolution, run another way
     nchw_line, = [line for line in capsys.readouterr().out.splitlines() if ' nchw ' in line]
     assert RATIO.search(nchw_line)
+    # named layouts: those, in that order (the first is the one the others are timed against)
+    args = benchmark.parse_args(['--evolution-layouts', 'shifted_sum', 'channels_last', '--models', 'ea_aa_resnet50'])
+    assert args.evolution_layouts == ['shifted_sum', 'channels_last']
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(['--evolution-layouts', 'nhwc', '--models', 'ea_aa_resnet50'])
 
 
 def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import timm_attnconv
-from timm_attnconv.layers import set_attn_kernel, set_attn_path
+from timm_attnconv.layers import EVOLUTION_LAYOUTS, set_attn_kernel, set_attn_path, set_evolution_layout
 
 from .families import small_kwargs, test_size
 
@@ -147,6 +147,19 @@ def test_every_kernel_gives_the_explicit_results_on_the_device(name, kernel):
     model, x = model.to(DEVICE), x.to(DEVICE)
     explicit = _logits_and_grads(set_attn_kernel(model, 'explicit'), x)
     _assert_same_results(_logits_and_grads(set_attn_kernel(model, kernel), x), explicit, f'{name}, {kernel}')
+
+
+@pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
+@pytest.mark.parametrize('layout', EVOLUTION_LAYOUTS[1:])
+@pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
+def test_every_evolution_layout_gives_the_default_results_on_the_device(name, layout, compiled):
+    # the shifted sums compiled are inductor's own kernel on the device, not cuDNN's: the form the benchmark times
+    model, x = _small(name)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    default = _logits_and_grads(model, x)
+    variant = set_evolution_layout(copy.deepcopy(model), layout)
+    forward = torch.compile(variant) if compiled else None
+    _assert_same_results(_logits_and_grads(variant, x, forward), default, f'{name}, {layout}')
 
 
 @pytest.mark.parametrize('name', COMPILED)

@@ -34,7 +34,7 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
                     expected[batch, g, p, q] = conv_weight * torch.relu(acc) + (1 - conv_weight) * mixed[batch, g, p, q]
     with torch.no_grad():
         torch.testing.assert_close(ea(s, prev), expected)
-        # every memory format of the convolution: the same update, handed on contiguous for the softmax
+        # every way of running the convolution: the same update, handed on contiguous for the softmax
         for layout in EVOLUTION_LAYOUTS:
             out = set_evolution_layout(ea, layout)(s, prev)
             torch.testing.assert_close(out, expected)
@@ -55,24 +55,42 @@ def test_the_layout_switch_reaches_the_convolution(monkeypatch):
         for layout in EVOLUTION_LAYOUTS:
             set_evolution_layout(torch.nn.Sequential(ea), layout)  # found inside a model
             ea(s, prev)
-    assert seen == [(True, 3, (3, 3)), (False, 3, (3, 3)), (True, 8, (8, 8))]  # 3 heads padded to 8 channels
-    with pytest.raises(ValueError, match="layout must be one of \\('channels_last', 'nchw', 'channels_last_padded'\\)"):
+    # 3 heads padded to 8 channels; the shifted sums take the maps as they come
+    assert seen == [(True, 3, (3, 3)), (False, 3, (3, 3)), (True, 8, (8, 8)), (False, 3, (3, 3))]
+    with pytest.raises(ValueError, match="layout must be one of \\('channels_last', 'nchw', 'channels_last_padded', "
+                                         "'shifted_sum'\\)"):
         set_evolution_layout(ea, 'nhwc')
 
 
-def test_padded_channels_train_like_the_others():
-    # gradients through the zero-padded NHWC copy and the sliced output: those of the plain layout
+@pytest.mark.parametrize('layout', ['channels_last_padded', 'shifted_sum'])
+def test_every_layout_trains_like_the_plain_convolution(layout):
+    # gradients through the zero-padded NHWC copy and the sliced output, or through the shifted sums: those of NCHW
     grads = []
-    for layout in ('nchw', 'channels_last_padded'):
+    for each in ('nchw', layout):
         torch.manual_seed(0)
-        ea = set_evolution_layout(AttentionEvolution(6, 0.3, 0.6), layout)
+        ea = set_evolution_layout(AttentionEvolution(6, 0.3, 0.6), each)
         s, prev = torch.randn(2, 6, 7, 7, requires_grad=True), torch.randn(2, 6, 7, 7)
         ea(s, prev).square().sum().backward()
         grads.append((s.grad, ea.conv.weight.grad, ea.conv.bias.grad))
-    for plain, padded in zip(*grads):
-        torch.testing.assert_close(padded, plain)
+    for plain, other in zip(*grads):
+        torch.testing.assert_close(other, plain)
     with torch.no_grad():  # and scripted
         torch.testing.assert_close(torch.jit.script(ea)(s, prev), ea(s, prev))
+
+
+def test_compiled_shifted_sums_are_one_kernel_with_the_mix_and_relu():
+    # the reason the layout exists: inductor fuses mix, shifted products, bias and ReLU into one kernel (the
+    # convolution of the other layouts is a library call of its own, with the mix and ReLU in kernels around it)
+    from torch._inductor import metrics
+    ea = set_evolution_layout(AttentionEvolution(3, 0.3), 'shifted_sum')
+    torch.nn.init.normal_(ea.conv.bias)
+    s, prev = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    metrics.reset()
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):  # count kernels written, not cached
+        out = torch.compile(ea, fullgraph=True)(s, prev)
+        torch.testing.assert_close(out, set_evolution_layout(ea, 'nchw')(s, prev))
+    assert metrics.generated_kernel_count == 1
 
 
 def _aa(grid, heads=2):

@@ -33,8 +33,8 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
 img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a kernel that cannot run on the device
 (FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts``
 times an evolving-attention model with the convolution over its attention maps in channels_last (the default,
-measured faster on CPU), in NCHW memory format and channels_last with the heads zero-padded to 8 channels
-(``timm_attnconv.layers.set_evolution_layout``), likewise.
+measured faster on CPU), in NCHW memory format, channels_last with the heads zero-padded to 8 channels and as shifted
+multiply-adds that ``--compile`` fuses (``timm_attnconv.layers.set_evolution_layout``; or those named), likewise.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -369,12 +369,13 @@ def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels
     return compare_variants(name, img_size, batch_size, variants, 'kernel', iters, **options)
 
 
-def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int, iters: int = 3,
+def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int,
+                              layouts: Sequence[str] = EVOLUTION_LAYOUTS, iters: int = 3,
                               **options) -> List[Dict[str, object]]:
-    """:func:`compare_variants` over the memory formats of the evolution convolution of an evolving-attention model
-    (``set_evolution_layout``): channels_last (the default), NCHW and channels_last with the heads zero-padded to a
-    multiple of 8 channels, under ``'evolution conv'``."""
-    variants = {layout: functools.partial(set_evolution_layout, layout=layout) for layout in EVOLUTION_LAYOUTS}
+    """:func:`compare_variants` over the ways ``layouts`` of running the evolution convolution of an
+    evolving-attention model (``set_evolution_layout``; by default all of them, channels_last first), under
+    ``'evolution conv'``."""
+    variants = {layout: functools.partial(set_evolution_layout, layout=layout) for layout in layouts}
     return compare_variants(name, img_size, batch_size, variants, 'evolution conv', iters, **options)
 
 
@@ -661,10 +662,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--kernels', nargs='*', choices=[k for k in ATTN_KERNELS if k != 'auto'], default=None,
                         help='instead: inference of --models with each attention kernel (default: explicit sdpa '
                              'sdpa_onehot flex; speed is relative to the first)')
-    parser.add_argument('--evolution-layouts', action='store_true',
+    parser.add_argument('--evolution-layouts', nargs='*', choices=EVOLUTION_LAYOUTS, default=None,
                         help='instead: inference of --models (evolving-attention models) with the convolution over '
-                             'their attention maps in channels_last (the default), NCHW and channels_last with the '
-                             'heads zero-padded to a multiple of 8 channels')
+                             'their attention maps in each of these layouts (default: all, channels_last first: '
+                             'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
+                             'channels, shifted multiply-adds for --compile to fuse); speed is relative to the first')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
@@ -673,7 +675,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.kernels is not None and not args.models:
         parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
-    if args.evolution_layouts and not args.models:
+    if args.evolution_layouts is not None and not args.models:
         parser.error('--evolution-layouts times the models named by --models, e.g. deit_ea_small_patch16_224')
     return args
 
@@ -688,9 +690,10 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
         return _train(args)
     if args.kernels is not None:
         return _kernels(args)
-    if args.evolution_layouts:
-        return _variants(args, 'evolution convolution layouts, inference', 'evolution conv', EVOLUTION_LAYOUTS,
-                         compare_evolution_layouts)
+    if args.evolution_layouts is not None:
+        layouts = args.evolution_layouts or EVOLUTION_LAYOUTS
+        return _variants(args, 'evolution convolution layouts, inference', 'evolution conv', layouts,
+                         functools.partial(compare_evolution_layouts, layouts=layouts))
     if args.sizes is None:
         args.sizes = [32, 64, 96]
     if args.paths:

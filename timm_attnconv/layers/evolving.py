@@ -36,8 +36,9 @@ from .augmented_conv import AAConv2d
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
-# memory formats of the convolution over the maps (AttentionEvolution.conv_layout), the default first
-EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded')
+# how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: three memory formats of
+# F.conv2d, and 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps
+EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded', 'shifted_sum')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -57,9 +58,9 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
-        # memory format of the convolution over the maps, one of EVOLUTION_LAYOUTS (set_evolution_layout): few
-        # channels on a large N×N image. On CPU the convolution alone ran 2.6× faster channels_last than NCHW, whole
-        # models up to 1.1× (BENCHMARK.md); on a GPU not measured yet: the benchmark's --evolution-layouts compares
+        # how the convolution over the maps runs, one of EVOLUTION_LAYOUTS (set_evolution_layout): few channels on a
+        # large N×N image. On CPU the convolution alone ran 2.6× faster channels_last than NCHW, whole models up to
+        # 1.1×; on an H200 the three memory formats ran within 7% of each other (BENCHMARK.md)
         self.conv_layout = 'channels_last'
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
@@ -101,10 +102,37 @@ class AttentionEvolution(nn.Module):
         # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
         if torch.jit.is_scripting():
             # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
-            return F.conv2d(maps, weight, bias, padding=self.conv.padding).to(maps.dtype)
+            return self._conv(maps, weight, bias).to(maps.dtype)
         bias = bias.to(maps.dtype) if bias is not None else None
         with torch.autocast(maps.device.type, enabled=False):
-            return F.conv2d(maps, weight.to(maps.dtype), bias, padding=self.conv.padding)
+            return self._conv(maps, weight.to(maps.dtype), bias)
+
+    def _conv(self, maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.conv_layout == 'shifted_sum':
+            return _shifted_sum_conv(maps, weight, bias)
+        return F.conv2d(maps, weight, bias, padding=self.conv.padding)
+
+
+def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``F.conv2d(maps, weight, bias, padding=k // 2)`` for an odd ``k × k`` kernel, written as the ``k²·H`` products
+    of a shifted input map with one weight per output channel, summed.
+
+    Only elementwise operations: ``torch.compile`` fuses them, with the mix before and the ReLU after, into one kernel
+    over the maps. A convolution is a library call it cannot fuse, and on a GPU cuDNN's 3×3 convolution over so few
+    channels (6 or 8 heads) was EA's largest cost (BENCHMARK.md's EA profiles). Eager, this form runs ``2·k²·H``
+    kernels over the maps: it is for compiled models. On CPU, compiled, whole models ran no faster, or slower where
+    inductor's softmax recomputed the fused sums in each pass (BENCHMARK.md); on a GPU not measured yet."""
+    out_channels, in_channels, k = weight.shape[0], weight.shape[1], weight.shape[-1]
+    height, width = maps.shape[-2], maps.shape[-1]
+    pad = k // 2
+    padded = F.pad(maps, (pad, pad, pad, pad))  # the convolution's zero padding
+    out = torch.zeros_like(maps[:, :1]) if bias is None else bias.view(1, out_channels, 1, 1)
+    for i in range(k):
+        for j in range(k):
+            for c in range(in_channels):
+                shifted = padded[:, c:c + 1, i:i + height, j:j + width]  # (B, 1, N, N): input map c moved by (i, j)
+                out = out + shifted * weight[:, c, i, j].view(1, out_channels, 1, 1)
+    return out
 
 
 def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tensor:
@@ -120,9 +148,10 @@ def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tenso
 
 def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in ``layout``,
-    one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'`` or ``'channels_last_padded'``
-    (the heads zero-padded to a multiple of 8 channels). The same results; the faster layout depends on the device.
-    Returns ``model``."""
+    one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'``, ``'channels_last_padded'`` (the
+    heads zero-padded to a multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of
+    shifted maps, which ``torch.compile`` fuses into one kernel; slow eager). The same results; the faster layout
+    depends on the device and on compilation. Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():

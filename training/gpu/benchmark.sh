@@ -91,14 +91,19 @@ if [ $profile = 1 ]; then  # where the time of the models that miss the targets 
   run_to "$profile_out" $P --img-size 96 --batch-size 64 sa_quadratic_cifar "sa_quadratic_cifar:$DENSE"
 fi
 targets --compile
-# what explains them: the paths 'auto' chooses between, the attention kernels, the layout of EA's map convolution
-# (channels_last, faster on CPU; NCHW; the heads padded to 8 channels), training steps at batch 256, 32 px
+# what explains them: the paths 'auto' chooses between, the attention kernels, how EA's map convolution runs,
+# training steps at batch 256, 32 px
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
 step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
 # the compiled AA target: FlexAttention (what 'auto' takes on CUDA) against SDPA without a mask (session 35)
 step $B --compile --kernels sdpa_onehot flex --models aa_resnet50 --batch-size 128
-step $B --evolution-layouts --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
+# EA's map convolution, compiled: cuDNN's in channels_last (the default) against shifted multiply-adds that inductor
+# fuses with the mix and ReLU (cuDNN's 3×3 convolution over 6 or 8 channels was EA's largest cost in the session-35
+# profiles; its memory formats, eager, ran within 7% of each other there); one model per step: each side compiles
+for m in deit_ea_small_patch16_224 ea_aa_resnet50; do
+  step $B --compile --evolution-layouts channels_last shifted_sum --models $m --batch-size 128
+done
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
 step $B --train --models aa_resnet20_cifar --batch-size 256
 step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256
