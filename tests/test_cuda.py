@@ -153,7 +153,8 @@ def test_every_kernel_gives_the_explicit_results_on_the_device(name, kernel):
 @pytest.mark.parametrize('layout', EVOLUTION_LAYOUTS[1:])
 @pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_every_evolution_layout_gives_the_default_results_on_the_device(name, layout, compiled):
-    # the shifted sums compiled are inductor's own kernel on the device, not cuDNN's: the form the benchmark times
+    # the shifted sums run as inductor's own kernel on the device (compiled alone in the eager model, or in the
+    # compiled model's graph), not cuDNN's: the forms the benchmark times
     model, x = _small(name)
     model, x = model.to(DEVICE), x.to(DEVICE)
     default = _logits_and_grads(model, x)

@@ -1,5 +1,6 @@
 """The EA update against a literal per-element reading of Wang et al. (2021), the chain rules, and the timm API the
 EA layers build on."""
+import warnings
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from timm.layers import Attention
 
 from timm_attnconv.layers import (
     EVOLUTION_LAYOUTS, AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout)
+from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
 
 
@@ -44,22 +46,48 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
 def test_the_layout_switch_reaches_the_convolution(monkeypatch):
     ea = AttentionEvolution(3)
     s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
-    convolve, seen = ea._conv_in_maps_dtype, []
+    conv, seen = evolving._conv, []
 
-    def recording(maps, weight, bias):
-        seen.append((maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous(),
-                     maps.shape[1], weight.shape[:2]))
-        return convolve(maps, weight, bias)
-    monkeypatch.setattr(ea, '_conv_in_maps_dtype', recording)
+    def recording_conv(maps, weight, bias, layout):
+        seen.append((layout, maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous(),
+                     maps.shape[1], tuple(weight.shape[:2])))
+        return conv(maps, weight, bias, layout)
+
+    def recording_fused(*args):
+        seen.append('compiled alone')
+        return evolving._evolve(*args, 'shifted_sum')
+    monkeypatch.setattr(evolving, '_conv', recording_conv)
+    monkeypatch.setattr(evolving, '_fused_update', recording_fused)
     with torch.no_grad():
         for layout in EVOLUTION_LAYOUTS:
             set_evolution_layout(torch.nn.Sequential(ea), layout)  # found inside a model
             ea(s, prev)
-    # 3 heads padded to 8 channels; the shifted sums take the maps as they come
-    assert seen == [(True, 3, (3, 3)), (False, 3, (3, 3)), (True, 8, (8, 8)), (False, 3, (3, 3))]
+    # 3 heads padded to 8 channels; the shifted sums, compiled alone in an eager model, take the maps as they come
+    assert seen == [('channels_last', True, 3, (3, 3)), ('nchw', False, 3, (3, 3)),
+                    ('channels_last_padded', True, 8, (8, 8)), 'compiled alone', ('shifted_sum', False, 3, (3, 3))]
     with pytest.raises(ValueError, match="layout must be one of \\('channels_last', 'nchw', 'channels_last_padded', "
                                          "'shifted_sum'\\)"):
         set_evolution_layout(ea, 'nhwc')
+
+
+def test_shifted_sums_that_cannot_compile_fall_back_to_the_convolution_with_a_warning(monkeypatch):
+    def failing():
+        def compiled(*args):
+            raise RuntimeError('InductorError: no C++ compiler\nmore lines')
+        return compiled
+    monkeypatch.setattr(evolving, '_compiled_evolve', failing)
+    monkeypatch.setattr(evolving, '_FUSION_FAILURES', {})
+    ea = AttentionEvolution(3, 0.3, 0.6)
+    s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        expected = ea(s, prev)
+        set_evolution_layout(ea, 'shifted_sum')
+        with pytest.warns(UserWarning, match=r"'shifted_sum' .* could not be compiled on cpu for torch.float32 "
+                                             r"\(InductorError: no C\+\+ compiler\); .* 'channels_last' there"):
+            torch.testing.assert_close(ea(s, prev), expected)
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')  # said once: later calls go straight to the convolution
+            torch.testing.assert_close(ea(s, prev), expected)
 
 
 @pytest.mark.parametrize('layout', ['channels_last_padded', 'shifted_sum'])
@@ -68,8 +96,8 @@ def test_every_layout_trains_like_the_plain_convolution(layout):
     grads = []
     for each in ('nchw', layout):
         torch.manual_seed(0)
-        ea = set_evolution_layout(AttentionEvolution(6, 0.3, 0.6), each)
-        s, prev = torch.randn(2, 6, 7, 7, requires_grad=True), torch.randn(2, 6, 7, 7)
+        ea = set_evolution_layout(AttentionEvolution(3, 0.3, 0.6), each)
+        s, prev = torch.randn(2, 3, 7, 7, requires_grad=True), torch.randn(2, 3, 7, 7)
         ea(s, prev).square().sum().backward()
         grads.append((s.grad, ea.conv.weight.grad, ea.conv.bias.grad))
     for plain, other in zip(*grads):

@@ -25,7 +25,7 @@ Kernels (:data:`ATTN_KERNELS`):
   per head (zero-padded to a multiple of 8, the values to the same width, as FlashAttention wants one width).
 * ``'flex'``: FlexAttention (``torch.nn.attention.flex_attention``); a ``score_mod`` adds ``rows`` and ``cols``
   inside the kernel, so no ``N × N`` tensor exists, forward or backward. Run compiled (eager FlexAttention forms the
-  full score matrix); compiled once per shape, up to :data:`FLEX_RECOMPILE_LIMIT` shapes. In a ``torch.compile``'d
+  full score matrix); compiled once per shape, up to :data:`RECOMPILE_LIMIT` shapes. In a ``torch.compile``'d
   model the model's graph lowers it on CUDA; on CPU it runs as its own compiled kernel there too (a graph break). It
   cannot run on every input, :func:`flex_unsupported_reason` says why; ``'auto'`` then takes another kernel, a forced
   ``'flex'`` raises. Nor does its compiled kernel build for every shape on every GPU (Triton's shared memory: an H100
@@ -48,9 +48,9 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from .attention_interface import AttentionLayer
 
-__all__ = ['ATTN_KERNELS', 'FLEX_RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
+__all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
-           'set_attn_kernel']
+           'run_compiled_alone', 'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -60,10 +60,11 @@ FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # in shared memory: for the 400-channel heads of sa_learned_content_cifar (Triton pads them to 512) that asked for
 # 264,192 bytes on an H100, which has 232,448 per block. One stage asks for half as much.
 FLEX_WIDE_HEAD_DIM = 256
-# Shapes the compiled kernel of an eager model is compiled for before dynamo gives up and runs FlexAttention unfused.
-# Dynamo's own limit (recompile_limit, 8) counts every shape, grad mode and dtype of the one flex_attention function:
-# aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at two batch sizes already passes 8.
-FLEX_RECOMPILE_LIMIT = 64
+# Shapes a kernel compiled alone in an eager model (FlexAttention here, EA's shifted sums) is compiled for before
+# dynamo gives up and runs its function uncompiled. Dynamo's own limit (recompile_limit, 8) counts every shape, grad
+# mode and dtype of the one function: aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at
+# two batch sizes already passes 8.
+RECOMPILE_LIMIT = 64
 
 
 class FlexKernelError(RuntimeError):
@@ -265,6 +266,13 @@ def _flex_relative_attention(
     return out[..., :value_dim]
 
 
+def run_compiled_alone(compiled: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
+    """``compiled(*args, **kwargs)``, a function compiled alone (static shapes) for an eager model, compiled for up to
+    :data:`RECOMPILE_LIMIT` shapes before dynamo runs it uncompiled."""
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)):
+        return compiled(*args, **kwargs)
+
+
 # Inside a compiled model on CPU the kernel runs outside the model's graph: inductor's C++ FlexAttention template
 # cannot read score terms that the graph itself computes (torch 2.14: "All the buffers in the score and mask
 # subgraph should be in kernel_group.args.input_buffers"); a graph break makes them inputs of the kernel.
@@ -277,12 +285,10 @@ def _flex_compiled_alone(
     signature = (q.device, q.dtype, backward, q.shape, k.shape, v.shape, None if rows is None else rows.shape)
     if signature in _FLEX_FAILURES:
         raise FlexKernelError(_FLEX_FAILURES[signature])
-    # past dynamo's recompile limit the kernel would silently run unfused: every score in memory, at eager speed
-    limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
     try:
-        with torch._dynamo.config.patch(recompile_limit=limit):
-            return _compiled_flex_attention()(q, k, v, score_mod=_axis_score_mod(rows, cols, q.shape[0]),
-                                              scale=scale, kernel_options=options)
+        # past the limit FlexAttention would run unfused: every score in memory, at eager speed
+        return run_compiled_alone(_compiled_flex_attention(), q, k, v, scale=scale, kernel_options=options,
+                                  score_mod=_axis_score_mod(rows, cols, q.shape[0]))
     except torch.OutOfMemoryError:
         raise  # the device is full, which no other kernel mends
     except (RuntimeError, TypeError) as error:  # InductorError (Triton: out of resource), dynamo's failures

@@ -19,8 +19,10 @@ checkpointing, FX, TorchScript, ``forward_intermediates`` and replication stay c
 ViT ``Block``) call their attention with ``x`` alone; their EA subclasses keep timm's forward pass and reach the
 attention layer through its :class:`ChainSlot` for the duration of one block call.
 """
+import functools
 import inspect
-from typing import Final, List, Optional, Sequence, Tuple
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -30,7 +32,7 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs
+from .attention_kernels import attention_probs, run_compiled_alone
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
@@ -47,7 +49,6 @@ TIMM_TESTED = ('1.0.28', '1.0.31')
 
 class AttentionEvolution(nn.Module):
     """The EA update of one layer: ``(S, L_prev) → L`` (both ``(B, H, N, N)`` pre-softmax logits)."""
-    channel_multiple: Final[int] = CONV_CHANNEL_MULTIPLE  # a constant TorchScript can read
 
     def __init__(self, num_heads: int, evolve_residual: float = 0.5, evolve_conv_weight: float = 1.0,
                  kernel_size: int = 3, device=None, dtype=None):
@@ -72,56 +73,70 @@ class AttentionEvolution(nn.Module):
             raise ValueError(f'this evolving-attention layer expects the previous layer\'s logits of shape '
                              f'{list(logits.shape)} but got {got}: thread the chain state through the model\'s '
                              f'forward (layers are linked for the default input size)')
-        # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
-        # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
-        mixed = torch.lerp(logits, prev.to(logits.dtype), self.evolve_residual)
-        if self.conv_layout == 'channels_last':
-            mixed = mixed.contiguous(memory_format=torch.channels_last)
-        evolved = F.relu(self._convolve(mixed), inplace=True)  # the conv's backward needs no output
-        if self.evolve_conv_weight != 1.:
-            evolved = torch.lerp(mixed, evolved, self.evolve_conv_weight)  # c·conv + (1 − c)·M
-        return evolved.contiguous()  # the layout the softmax over keys wants
+        weight, bias, residual, conv_weight = (self.conv.weight, self.conv.bias, self.evolve_residual,
+                                               self.evolve_conv_weight)
+        if self.conv_layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
+            # an eager model: the update compiled alone (a compiled model's graph takes it in, fused there)
+            return _fused_update(logits, prev, weight, bias, residual, conv_weight)
+        return _evolve(logits, prev, weight, bias, residual, conv_weight, self.conv_layout)
 
-    def _convolve(self, maps: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.conv.weight, self.conv.bias
-        if self.conv_layout != 'channels_last_padded':
-            # no slice of all channels: torch 2.8's ONNX exporter (onnxscript 0.6.1) failed on that no-op
-            return self._conv_in_maps_dtype(maps, weight, bias)
-        # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads in
-        # EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
-        heads = maps.shape[1]
-        channels = -(-heads // self.channel_multiple) * self.channel_multiple
-        weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
-        bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
-        return self._conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias)[:, :heads]
 
-    def _conv_in_maps_dtype(self, maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
-                            ) -> torch.Tensor:
-        # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
-        # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
-        # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
-        if torch.jit.is_scripting():
-            # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
-            return self._conv(maps, weight, bias).to(maps.dtype)
-        bias = bias.to(maps.dtype) if bias is not None else None
-        with torch.autocast(maps.device.type, enabled=False):
-            return self._conv(maps, weight.to(maps.dtype), bias)
+def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+           residual: float, conv_weight: float, layout: str = 'channels_last') -> torch.Tensor:
+    """The EA update ``(S, L_prev) → L`` of the module docstring with the convolution ``(weight, bias)`` run in
+    ``layout`` (one of :data:`EVOLUTION_LAYOUTS`), in the dtype of the maps."""
+    # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
+    # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
+    mixed = torch.lerp(logits, prev.to(logits.dtype), residual)
+    if layout == 'channels_last':
+        mixed = mixed.contiguous(memory_format=torch.channels_last)
+    evolved = F.relu(_convolve(mixed, weight, bias, layout), inplace=True)  # the conv's backward needs no output
+    if conv_weight != 1.:
+        evolved = torch.lerp(mixed, evolved, conv_weight)  # c·conv + (1 − c)·M
+    return evolved.contiguous()  # the layout the softmax over keys wants
 
-    def _conv(self, maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if self.conv_layout == 'shifted_sum':
-            return _shifted_sum_conv(maps, weight, bias)
-        return F.conv2d(maps, weight, bias, padding=self.conv.padding)
+
+def _convolve(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str,
+              channel_multiple: int = CONV_CHANNEL_MULTIPLE) -> torch.Tensor:  # (a default TorchScript can read)
+    if layout != 'channels_last_padded':
+        # no slice of all channels: torch 2.8's ONNX exporter (onnxscript 0.6.1) failed on that no-op
+        return _conv_in_maps_dtype(maps, weight, bias, layout)
+    # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads in
+    # EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
+    heads = maps.shape[1]
+    channels = -(-heads // channel_multiple) * channel_multiple
+    weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
+    bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
+    return _conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias, layout)[:, :heads]
+
+
+def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str
+                        ) -> torch.Tensor:
+    # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
+    # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
+    # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
+    if torch.jit.is_scripting():
+        # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
+        return _conv(maps, weight, bias, layout).to(maps.dtype)
+    bias = bias.to(maps.dtype) if bias is not None else None
+    with torch.autocast(maps.device.type, enabled=False):
+        return _conv(maps, weight.to(maps.dtype), bias, layout)
+
+
+def _conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str) -> torch.Tensor:
+    if layout == 'shifted_sum':
+        return _shifted_sum_conv(maps, weight, bias)
+    return F.conv2d(maps, weight, bias, padding=weight.shape[-1] // 2)
 
 
 def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """``F.conv2d(maps, weight, bias, padding=k // 2)`` for an odd ``k × k`` kernel, written as the ``k²·H`` products
     of a shifted input map with one weight per output channel, summed.
 
-    Only elementwise operations: ``torch.compile`` fuses them, with the mix before and the ReLU after, into one kernel
-    over the maps. A convolution is a library call it cannot fuse, and on a GPU cuDNN's 3×3 convolution over so few
-    channels (6 or 8 heads) was EA's largest cost (BENCHMARK.md's EA profiles). Eager, this form runs ``2·k²·H``
-    kernels over the maps: it is for compiled models. On CPU, compiled, whole models ran no faster, or slower where
-    inductor's softmax recomputed the fused sums in each pass (BENCHMARK.md); on a GPU not measured yet."""
+    Only elementwise operations, which inductor fuses, with the mix before and the ReLU after, into one kernel over
+    the maps. A convolution is a library call it cannot fuse, and on a GPU cuDNN's 3×3 convolution over so few
+    channels (6 or 8 heads) was EA's largest cost (BENCHMARK.md's EA profiles). Run uncompiled, this form would launch
+    ``2·k²·H`` kernels over the maps: :func:`_fused_update` compiles it in an eager model."""
     out_channels, in_channels, k = weight.shape[0], weight.shape[1], weight.shape[-1]
     height, width = maps.shape[-2], maps.shape[-1]
     pad = k // 2
@@ -133,6 +148,38 @@ def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[t
                 shifted = padded[:, c:c + 1, i:i + height, j:j + width]  # (B, 1, N, N): input map c moved by (i, j)
                 out = out + shifted * weight[:, c, i, j].view(1, out_channels, 1, 1)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_evolve() -> Callable[..., torch.Tensor]:
+    # static shapes, one kernel each: a model has few (its map sizes, batch sizes, grad modes), and inductor's
+    # dynamic-shape compile of the update's backward took 10× as long on CPU
+    return torch.compile(_evolve, dynamic=False)
+
+
+# (device type, dtype) → why inductor could not compile the fused update there
+_FUSION_FAILURES: Dict[Tuple[str, torch.dtype], str] = {}
+
+
+def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  residual: float, conv_weight: float) -> torch.Tensor:
+    """:func:`_evolve` with the shifted sums, compiled alone: one kernel for the whole update in an eager model. Where
+    inductor cannot compile it (a CPU without a C++ compiler, a GPU without Triton), the same update through the
+    convolution, with a warning the first time."""
+    where = (logits.device.type, logits.dtype)
+    if where not in _FUSION_FAILURES:
+        try:
+            return run_compiled_alone(_compiled_evolve(), logits, prev, weight, bias, residual, conv_weight,
+                                      'shifted_sum')
+        except torch.OutOfMemoryError:
+            raise  # the device is full, which the other form does not mend
+        except (RuntimeError, TypeError) as error:  # InductorError, dynamo's and the C++ compiler's failures
+            cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+            _FUSION_FAILURES[where] = cause
+            warnings.warn(f"the 'shifted_sum' evolution layout could not be compiled on {where[0]} for {where[1]} "
+                          f"({cause}); these layers run their convolution in 'channels_last' there (the same "
+                          f"update)", stacklevel=3)
+    return _evolve(logits, prev, weight, bias, residual, conv_weight, 'channels_last')
 
 
 def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tensor:
@@ -150,8 +197,9 @@ def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in ``layout``,
     one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'``, ``'channels_last_padded'`` (the
     heads zero-padded to a multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of
-    shifted maps, which ``torch.compile`` fuses into one kernel; slow eager). The same results; the faster layout
-    depends on the device and on compilation. Returns ``model``."""
+    shifted maps, which inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an
+    eager model compiled alone, once per map shape). The same results; the faster layout depends on the device, the
+    number of heads and on compilation (BENCHMARK.md). Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():

@@ -98,9 +98,11 @@ step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
 # the compiled AA target: FlexAttention (what 'auto' takes on CUDA) against SDPA without a mask (session 35)
 step $B --compile --kernels sdpa_onehot flex --models aa_resnet50 --batch-size 128
-# EA's map convolution, compiled: cuDNN's in channels_last (the default) against shifted multiply-adds that inductor
-# fuses with the mix and ReLU (cuDNN's 3×3 convolution over 6 or 8 channels was EA's largest cost in the session-35
-# profiles; its memory formats, eager, ran within 7% of each other there); one model per step: each side compiles
+# EA's map convolution: cuDNN's in channels_last (the default) against shifted multiply-adds that inductor fuses
+# with the mix and ReLU into one kernel, compiled alone in an eager model (cuDNN's 3×3 convolution over 6 or 8
+# channels was EA's largest cost in the session-35 profiles; its memory formats ran within 7% of each other there);
+# then compiled, one model per step (each side compiles)
+step $B --evolution-layouts channels_last shifted_sum --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
 for m in deit_ea_small_patch16_224 ea_aa_resnet50; do
   step $B --compile --evolution-layouts channels_last shifted_sum --models $m --batch-size 128
 done
