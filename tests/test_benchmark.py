@@ -206,6 +206,19 @@ def test_evolution_layouts_end_to_end_on_cpu(capsys):
         benchmark.parse_args(['--evolution-layouts', 'nhwc', '--models', 'ea_aa_resnet50'])
 
 
+def test_training_steps_through_each_evolution_layout_on_cpu(capsys):
+    # (shifted_sum's compiled-alone training step is tested in test_layers_evolving: compiling its backward for a
+    # whole model takes half a minute here)
+    rows = benchmark.main(['--train', '--evolution-layouts', 'channels_last', 'nchw', '--models',
+                           'ea_aa_resnet20_cifar', '--batch-size', '2', '--iters', '2', '--max-warmup', '2',
+                           '--device', 'cpu'])
+    assert [r['evolution conv'] for r in rows] == ['channels_last', 'nchw']
+    assert rows[0]['speed'] == 1.0 and rows[1]['img_s'] > 0 and rows[1]['speed_min'] <= rows[1]['speed_max']
+    out = capsys.readouterr().out
+    line, = [line for line in out.splitlines() if ' nchw ' in line]
+    assert RATIO.search(line) and "speed: channels_last step time / this evolution conv's step time." in out
+
+
 def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys):
     from timm_attnconv.layers import attention_kernels
     monkeypatch.setattr(attention_kernels, 'flex_unsupported_reason', lambda *args: 'no kernel for this test')

@@ -48,10 +48,10 @@ def test_the_layout_switch_reaches_the_convolution(monkeypatch):
     s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
     conv, seen = evolving._conv, []
 
-    def recording_conv(maps, weight, bias, layout):
+    def recording_conv(maps, weight, bias, padding, layout):
         seen.append((layout, maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous(),
                      maps.shape[1], tuple(weight.shape[:2])))
-        return conv(maps, weight, bias, layout)
+        return conv(maps, weight, bias, padding, layout)
 
     def recording_fused(*args):
         seen.append('compiled alone')

@@ -35,7 +35,7 @@ img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a
 times an evolving-attention model with the convolution over its attention maps in channels_last (the default,
 measured faster on CPU), in NCHW memory format, channels_last with the heads zero-padded to 8 channels and as shifted
 multiply-adds that inductor fuses into one kernel (``timm_attnconv.layers.set_evolution_layout``; or those named),
-likewise.
+likewise (with ``--train``, their training steps).
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -61,8 +61,9 @@ from .layers import (
     set_evolution_layout)
 
 __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_kernels',
-           'compare_evolution_layouts', 'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call',
-           'interleaved_seconds', 'median_spread', 'ratio_text', 'parse_args', 'main']
+           'compare_evolution_layouts', 'compare_training_variants', 'compare_training_kernels',
+           'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call', 'interleaved_seconds',
+           'median_spread', 'ratio_text', 'parse_args', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
@@ -362,12 +363,19 @@ def _time_against_the_first(rows: List[Dict[str, object]], sides: Sequence[Calla
     return timed
 
 
+def _kernel_variants(kernels: Sequence[str]) -> Dict[str, Callable[[nn.Module], nn.Module]]:
+    return {kernel: functools.partial(set_attn_kernel, kernel=kernel) for kernel in kernels}
+
+
+def _layout_variants(layouts: Sequence[str]) -> Dict[str, Callable[[nn.Module], nn.Module]]:
+    return {layout: functools.partial(set_evolution_layout, layout=layout) for layout in layouts}
+
+
 def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
                     **options) -> List[Dict[str, object]]:
     """:func:`compare_variants` over the attention kernels ``kernels`` of the AA and SA content layers
     (``set_attn_kernel``): a row per kernel, under ``'kernel'``."""
-    variants = {kernel: functools.partial(set_attn_kernel, kernel=kernel) for kernel in kernels}
-    return compare_variants(name, img_size, batch_size, variants, 'kernel', iters, **options)
+    return compare_variants(name, img_size, batch_size, _kernel_variants(kernels), 'kernel', iters, **options)
 
 
 def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int,
@@ -376,8 +384,8 @@ def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: in
     """:func:`compare_variants` over the ways ``layouts`` of running the evolution convolution of an
     evolving-attention model (``set_evolution_layout``; by default all of them, channels_last first), under
     ``'evolution conv'``."""
-    variants = {layout: functools.partial(set_evolution_layout, layout=layout) for layout in layouts}
-    return compare_variants(name, img_size, batch_size, variants, 'evolution conv', iters, **options)
+    return compare_variants(name, img_size, batch_size, _layout_variants(layouts), 'evolution conv', iters,
+                            **options)
 
 
 def _training_step(model: nn.Module, batch_size: int, dev: torch.device, amp: Optional[torch.dtype],
@@ -429,14 +437,14 @@ def training_throughput(
                 gflop_s=counter.get_total_flops() / statistics.median(seconds) / 1e9)
 
 
-def compare_training_kernels(
-        name: str, kernels: Sequence[str], batch_size: int = 256, steps: int = 3, device: str = 'cpu',
-        amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP,
-        channels_last: bool = False,
+def compare_training_variants(
+        name: str, variants: Dict[str, Callable[[nn.Module], nn.Module]], label: str = 'variant',
+        batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
+        compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> List[Dict[str, object]]:
-    """Training steps of ``name`` (as :func:`training_throughput`) through each attention kernel of ``kernels``
-    (``set_attn_kernel``; one copy of the model each, same initial weights), interleaved: a row per kernel with img/s
-    and ``speed`` = the first kernel's step time over this one's (median and range over repetitions). A kernel that
+    """Training steps of ``name`` (as :func:`training_throughput`) in each variant (a copy of the model, same initial
+    weights, set up by the variant's function), interleaved: a row per variant, named under ``label``, with img/s and
+    ``speed`` = the first variant's step time over this one's (median and range over repetitions). A variant that
     cannot train here (a ``ValueError`` that says why: FlexAttention has no CPU backward) gives a row with its
     ``error``."""
     import copy
@@ -446,12 +454,12 @@ def compare_training_kernels(
     dev = torch.device(device)
     model = timm.create_model(name).train()
     rows, sides = [], []
-    for kernel in kernels:
-        variant = _prepared(set_attn_kernel(copy.deepcopy(model), kernel).to(dev), False, channels_last)
+    for variant_name, set_up in variants.items():
+        variant = _prepared(set_up(copy.deepcopy(model)).to(dev), False, channels_last)
         step = _training_step(variant, batch_size, dev, amp, channels_last)
-        row = dict(name=name, batch=batch_size, kernel=kernel, reps=steps)
+        row = {'name': name, 'batch': batch_size, label: variant_name, 'reps': steps}
         try:
-            step(variant)  # creates the optimizer state; a kernel that cannot run says so here
+            step(variant)  # creates the optimizer state; a variant that cannot run says so here
         except ValueError as error:
             rows.append(dict(row, error=str(error)))
             continue
@@ -459,6 +467,13 @@ def compare_training_kernels(
         sides.append(functools.partial(step, _prepared(variant, compile_model)))
     _time_against_the_first(rows, sides, batch_size, steps, dev, max_warmup)
     return rows
+
+
+def compare_training_kernels(name: str, kernels: Sequence[str], batch_size: int = 256, steps: int = 3,
+                             **options) -> List[Dict[str, object]]:
+    """:func:`compare_training_variants` over the attention kernels ``kernels`` (``set_attn_kernel``), under
+    ``'kernel'``."""
+    return compare_training_variants(name, _kernel_variants(kernels), 'kernel', batch_size, steps, **options)
 
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
@@ -594,7 +609,11 @@ def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
     print(_header('training steps (AdamW), 32 px', args))
     if args.kernels is not None:
-        return _train_kernels(names, args)
+        kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+        return _train_variants(names, args, 'kernel', _kernel_variants(kernels))
+    if args.evolution_layouts is not None:
+        return _train_variants(names, args, 'evolution conv',
+                               _layout_variants(args.evolution_layouts or EVOLUTION_LAYOUTS))
     rows = []
     for name in names:
         row = training_throughput(name, args.batch_size or 256, args.iters, args.device, **_options(args))
@@ -604,20 +623,20 @@ def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     return rows
 
 
-def _train_kernels(names: Sequence[str], args: argparse.Namespace) -> List[Dict[str, object]]:
-    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+def _train_variants(names: Sequence[str], args: argparse.Namespace, label: str,
+                    variants: Dict[str, Callable[[nn.Module], nn.Module]]) -> List[Dict[str, object]]:
     rows = []
     for name in names:
-        for r in compare_training_kernels(name, kernels, args.batch_size or 256, args.iters, args.device,
-                                          **_options(args)):
-            head = f"{name:32s} batch {r['batch']:4d} {r['kernel']:12s}"
+        for r in compare_training_variants(name, variants, label, args.batch_size or 256, args.iters, args.device,
+                                           **_options(args)):
+            head = f"{name:32s} batch {r['batch']:4d} {r[label]:20s}"
             if 'error' in r:
                 print(f"{head} cannot run: {r['error']}", flush=True)
             else:
                 speed = ratio_text(dict(median=r['speed'], min=r['speed_min'], max=r['speed_max']))
                 print(f"{head} {r['img_s']:9.1f} img/s {speed:>19s}", flush=True)
             rows.append(r)
-    print(f'speed: {kernels[0]} step time / this kernel\'s step time.')
+    print(f"speed: {next(iter(variants))} step time / this {label}'s step time.")
     return rows
 
 
@@ -645,7 +664,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='model for the bf16 check ("" to skip)')
     parser.add_argument('--train', action='store_true',
                         help='instead: training-step throughput of the compact CPU-trainable models (or --models), '
-                             'batch 256; with --kernels, each model through those kernels, interleaved')
+                             'batch 256; with --kernels or --evolution-layouts, each model through those kernels '
+                             'or layouts, interleaved')
     parser.add_argument('--amp', choices=tuple(AMP_DTYPES), default='none',
                         help='autocast dtype of every timed side, inference and --train (fp16 training steps scale '
                              'the loss with a GradScaler, as timm_attnconv.train does)')

@@ -75,72 +75,76 @@ class AttentionEvolution(nn.Module):
                              f'forward (layers are linked for the default input size)')
         weight, bias, residual, conv_weight = (self.conv.weight, self.conv.bias, self.evolve_residual,
                                                self.evolve_conv_weight)
+        # a Python int, also under torch.jit.trace (fvcore), where torch 2.8 passed one derived from the traced
+        # weight's shape to the convolution as an empty padding
+        padding = self.conv.kernel_size[0] // 2
         if self.conv_layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
             # an eager model: the update compiled alone (a compiled model's graph takes it in, fused there)
-            return _fused_update(logits, prev, weight, bias, residual, conv_weight)
-        return _evolve(logits, prev, weight, bias, residual, conv_weight, self.conv_layout)
+            return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
+        return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, self.conv_layout)
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-           residual: float, conv_weight: float, layout: str = 'channels_last') -> torch.Tensor:
-    """The EA update ``(S, L_prev) → L`` of the module docstring with the convolution ``(weight, bias)`` run in
-    ``layout`` (one of :data:`EVOLUTION_LAYOUTS`), in the dtype of the maps."""
+            residual: float, conv_weight: float, padding: int, layout: str = 'channels_last') -> torch.Tensor:
+    """The EA update ``(S, L_prev) → L`` of the module docstring with the convolution ``(weight, bias)`` (zero
+    ``padding``, the same size out) run in ``layout`` (one of :data:`EVOLUTION_LAYOUTS`), in the dtype of the maps."""
     # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
     # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
     mixed = torch.lerp(logits, prev.to(logits.dtype), residual)
     if layout == 'channels_last':
         mixed = mixed.contiguous(memory_format=torch.channels_last)
-    evolved = F.relu(_convolve(mixed, weight, bias, layout), inplace=True)  # the conv's backward needs no output
+    evolved = F.relu(_convolve(mixed, weight, bias, padding, layout), inplace=True)  # its backward needs no output
     if conv_weight != 1.:
         evolved = torch.lerp(mixed, evolved, conv_weight)  # c·conv + (1 − c)·M
     return evolved.contiguous()  # the layout the softmax over keys wants
 
 
-def _convolve(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str,
+def _convolve(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int, layout: str,
               channel_multiple: int = CONV_CHANNEL_MULTIPLE) -> torch.Tensor:  # (a default TorchScript can read)
     if layout != 'channels_last_padded':
         # no slice of all channels: torch 2.8's ONNX exporter (onnxscript 0.6.1) failed on that no-op
-        return _conv_in_maps_dtype(maps, weight, bias, layout)
+        return _conv_in_maps_dtype(maps, weight, bias, padding, layout)
     # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads in
     # EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
     heads = maps.shape[1]
     channels = -(-heads // channel_multiple) * channel_multiple
     weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
     bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
-    return _conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias, layout)[:, :heads]
+    return _conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias, padding, layout)[:, :heads]
 
 
-def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str
-                        ) -> torch.Tensor:
+def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int,
+                        layout: str) -> torch.Tensor:
     # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
     # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
     # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
     if torch.jit.is_scripting():
         # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
-        return _conv(maps, weight, bias, layout).to(maps.dtype)
+        return _conv(maps, weight, bias, padding, layout).to(maps.dtype)
     bias = bias.to(maps.dtype) if bias is not None else None
     with torch.autocast(maps.device.type, enabled=False):
-        return _conv(maps, weight.to(maps.dtype), bias, layout)
+        return _conv(maps, weight.to(maps.dtype), bias, padding, layout)
 
 
-def _conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layout: str) -> torch.Tensor:
+def _conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int, layout: str
+          ) -> torch.Tensor:
     if layout == 'shifted_sum':
-        return _shifted_sum_conv(maps, weight, bias)
-    return F.conv2d(maps, weight, bias, padding=weight.shape[-1] // 2)
+        return _shifted_sum_conv(maps, weight, bias, padding)
+    return F.conv2d(maps, weight, bias, padding=padding)
 
 
-def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``F.conv2d(maps, weight, bias, padding=k // 2)`` for an odd ``k × k`` kernel, written as the ``k²·H`` products
-    of a shifted input map with one weight per output channel, summed.
+def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int
+                      ) -> torch.Tensor:
+    """``F.conv2d(maps, weight, bias, padding=padding)`` for a ``k × k`` kernel, ``k = 2·padding + 1``, written as
+    the ``k²·H`` products of a shifted input map with one weight per output channel, summed.
 
     Only elementwise operations, which inductor fuses, with the mix before and the ReLU after, into one kernel over
     the maps. A convolution is a library call it cannot fuse, and on a GPU cuDNN's 3×3 convolution over so few
     channels (6 or 8 heads) was EA's largest cost (BENCHMARK.md's EA profiles). Run uncompiled, this form would launch
     ``2·k²·H`` kernels over the maps: :func:`_fused_update` compiles it in an eager model."""
-    out_channels, in_channels, k = weight.shape[0], weight.shape[1], weight.shape[-1]
+    out_channels, in_channels, k = weight.shape[0], weight.shape[1], 2 * padding + 1
     height, width = maps.shape[-2], maps.shape[-1]
-    pad = k // 2
-    padded = F.pad(maps, (pad, pad, pad, pad))  # the convolution's zero padding
+    padded = F.pad(maps, (padding, padding, padding, padding))  # the convolution's zero padding
     out = torch.zeros_like(maps[:, :1]) if bias is None else bias.view(1, out_channels, 1, 1)
     for i in range(k):
         for j in range(k):
@@ -162,14 +166,14 @@ _FUSION_FAILURES: Dict[Tuple[str, torch.dtype], str] = {}
 
 
 def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  residual: float, conv_weight: float) -> torch.Tensor:
+                  residual: float, conv_weight: float, padding: int) -> torch.Tensor:
     """:func:`_evolve` with the shifted sums, compiled alone: one kernel for the whole update in an eager model. Where
     inductor cannot compile it (a CPU without a C++ compiler, a GPU without Triton), the same update through the
     convolution, with a warning the first time."""
     where = (logits.device.type, logits.dtype)
     if where not in _FUSION_FAILURES:
         try:
-            return run_compiled_alone(_compiled_evolve(), logits, prev, weight, bias, residual, conv_weight,
+            return run_compiled_alone(_compiled_evolve(), logits, prev, weight, bias, residual, conv_weight, padding,
                                       'shifted_sum')
         except torch.OutOfMemoryError:
             raise  # the device is full, which the other form does not mend
@@ -179,7 +183,7 @@ def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor
             warnings.warn(f"the 'shifted_sum' evolution layout could not be compiled on {where[0]} for {where[1]} "
                           f"({cause}); these layers run their convolution in 'channels_last' there (the same "
                           f"update)", stacklevel=3)
-    return _evolve(logits, prev, weight, bias, residual, conv_weight, 'channels_last')
+    return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, 'channels_last')
 
 
 def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tensor:

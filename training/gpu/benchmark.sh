@@ -109,4 +109,6 @@ done
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
 step $B --train --models aa_resnet20_cifar --batch-size 256
 step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256
+# the EA twin's training steps per layout (GPU plan D trains it: 12.8-13.5 s per epoch beside another run)
+step $B --train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50
