@@ -241,7 +241,7 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
         'skipped (the budget of 11 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
-        '--train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256\n')
+        '--train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256\n')
     printed = bench.communicate()[0]
     assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
     ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
