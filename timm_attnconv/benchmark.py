@@ -66,6 +66,8 @@ __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_var
            'median_spread', 'ratio_text', 'parse_args', 'main']
 
 DEFAULT_BATCH = {32: 64, 64: 8, 96: 2}
+# compared variants of a model: a name → the function that sets a copy of the model up
+Variants = Dict[str, Callable[[nn.Module], nn.Module]]
 # the CPU-trainable twins (weights work, issue 3): the tiny SA/EA models and the ResNet-20s
 COMPACT_MODELS = ['*_tiny_cifar', '*resnet20_cifar']
 ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) per quadratic layer in the original
@@ -314,8 +316,8 @@ def compare_models(
 
 
 def compare_variants(
-        name: str, img_size: Optional[int], batch_size: int, variants: Dict[str, Callable[[nn.Module], nn.Module]],
-        label: str = 'variant', iters: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
+        name: str, img_size: Optional[int], batch_size: int, variants: Variants, label: str = 'variant',
+        iters: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> List[Dict[str, object]]:
     """Inference of ``name`` in each variant (a copy of the model, same weights, set up by the variant's function),
@@ -363,11 +365,11 @@ def _time_against_the_first(rows: List[Dict[str, object]], sides: Sequence[Calla
     return timed
 
 
-def _kernel_variants(kernels: Sequence[str]) -> Dict[str, Callable[[nn.Module], nn.Module]]:
+def _kernel_variants(kernels: Sequence[str]) -> Variants:
     return {kernel: functools.partial(set_attn_kernel, kernel=kernel) for kernel in kernels}
 
 
-def _layout_variants(layouts: Sequence[str]) -> Dict[str, Callable[[nn.Module], nn.Module]]:
+def _layout_variants(layouts: Sequence[str]) -> Variants:
     return {layout: functools.partial(set_evolution_layout, layout=layout) for layout in layouts}
 
 
@@ -438,7 +440,7 @@ def training_throughput(
 
 
 def compare_training_variants(
-        name: str, variants: Dict[str, Callable[[nn.Module], nn.Module]], label: str = 'variant',
+        name: str, variants: Variants, label: str = 'variant',
         batch_size: int = 256, steps: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
 ) -> List[Dict[str, object]]:
@@ -574,17 +576,28 @@ def _paths(args: argparse.Namespace) -> List[Dict[str, object]]:
     return rows
 
 
-def _variants(args: argparse.Namespace, what: str, label: str, variants: Sequence[str],
-              compare: Callable[..., List[Dict[str, object]]]) -> List[Dict[str, object]]:
+def _chosen_variants(args: argparse.Namespace) -> Optional[Tuple[str, str, Variants]]:
+    # --kernels or --evolution-layouts (those named, else all): what they compare, the label of their column and the
+    # variants, the reference first; None without either
+    if args.kernels is not None:
+        kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
+        return 'attention kernels', 'kernel', _kernel_variants(kernels)
+    if args.evolution_layouts is not None:
+        return ('evolution convolution layouts', 'evolution conv',
+                _layout_variants(args.evolution_layouts or EVOLUTION_LAYOUTS))
+    return None
+
+
+def _variants(args: argparse.Namespace, what: str, label: str, variants: Variants) -> List[Dict[str, object]]:
     # one table of compare_variants rows: each model of --models at each size (default: the model's own)
-    print(_header(what, args))
+    print(_header(f'{what}, inference', args))
     print(f"{'model':32s} {'px':>4s} {'batch':>5s} {label:20s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
-            for r in compare(name, size, args.batch_size or 8, iters=args.iters, device=args.device,
-                             **_options(args)):
+            for r in compare_variants(name, size, args.batch_size or 8, variants, label, iters=args.iters,
+                                      device=args.device, **_options(args)):
                 head = f"{name:32s} {r['img_size']:4d} {r['batch']:5d} {r[label]:20s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
@@ -593,27 +606,20 @@ def _variants(args: argparse.Namespace, what: str, label: str, variants: Sequenc
                     print(f"{head} {r['img_s']:9.2f} {speed:>19s} {r['peak_mb']:9.1f} {r['max_abs_diff']:11.2e}",
                           flush=True)
                 rows.append(r)
-    print(f'speed: {variants[0]} time / this {label}\'s time; peak MB: tensor allocations of one forward pass; '
-          f'max|Δlogit|: against {variants[0]}.')
+    reference = next(iter(variants))
+    print(f'speed: {reference} time / this {label}\'s time; peak MB: tensor allocations of one forward pass; '
+          f'max|Δlogit|: against {reference}.')
     return rows
-
-
-def _kernels(args: argparse.Namespace) -> List[Dict[str, object]]:
-    kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
-    return _variants(args, 'attention kernels, inference', 'kernel', kernels,
-                     functools.partial(compare_kernels, kernels=kernels))
 
 
 def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
     import timm_attnconv
     names = args.models or timm_attnconv.list_models(filter=COMPACT_MODELS)
     print(_header('training steps (AdamW), 32 px', args))
-    if args.kernels is not None:
-        kernels = args.kernels or [k for k in ATTN_KERNELS if k != 'auto']
-        return _train_variants(names, args, 'kernel', _kernel_variants(kernels))
-    if args.evolution_layouts is not None:
-        return _train_variants(names, args, 'evolution conv',
-                               _layout_variants(args.evolution_layouts or EVOLUTION_LAYOUTS))
+    chosen = _chosen_variants(args)
+    if chosen is not None:
+        _, label, variants = chosen
+        return _train_variants(names, args, label, variants)
     rows = []
     for name in names:
         row = training_throughput(name, args.batch_size or 256, args.iters, args.device, **_options(args))
@@ -624,7 +630,7 @@ def _train(args: argparse.Namespace) -> List[Dict[str, object]]:
 
 
 def _train_variants(names: Sequence[str], args: argparse.Namespace, label: str,
-                    variants: Dict[str, Callable[[nn.Module], nn.Module]]) -> List[Dict[str, object]]:
+                    variants: Variants) -> List[Dict[str, object]]:
     rows = []
     for name in names:
         for r in compare_training_variants(name, variants, label, args.batch_size or 256, args.iters, args.device,
@@ -709,12 +715,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     cli.tune_for_device(args.device)
     if args.train:
         return _train(args)
-    if args.kernels is not None:
-        return _kernels(args)
-    if args.evolution_layouts is not None:
-        layouts = args.evolution_layouts or EVOLUTION_LAYOUTS
-        return _variants(args, 'evolution convolution layouts, inference', 'evolution conv', layouts,
-                         functools.partial(compare_evolution_layouts, layouts=layouts))
+    chosen = _chosen_variants(args)
+    if chosen is not None:
+        return _variants(args, *chosen)
     if args.sizes is None:
         args.sizes = [32, 64, 96]
     if args.paths:

@@ -85,7 +85,7 @@ class AttentionEvolution(nn.Module):
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            residual: float, conv_weight: float, padding: int, layout: str = 'channels_last') -> torch.Tensor:
+            residual: float, conv_weight: float, padding: int, layout: str) -> torch.Tensor:
     """The EA update ``(S, L_prev) → L`` of the module docstring with the convolution ``(weight, bias)`` (zero
     ``padding``, the same size out) run in ``layout`` (one of :data:`EVOLUTION_LAYOUTS`), in the dtype of the maps."""
     # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
