@@ -257,22 +257,30 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     assert '\n(1 s)\n' in printed or '\n(2 s)\n' in printed
 
 
-def test_benchmark_from_a_step_skips_the_earlier_ones_and_names_them(tmp_path):
-    # --from K: a later session measures what an earlier one's budget left out; the earlier steps are named, not run
+def test_benchmark_runs_the_chosen_steps_and_names_the_others(tmp_path):
+    # --steps LIST (--from K: K-): a later session measures what changed since, or what an earlier one's budget left
+    # out; the other steps are named, not run
     calls = tmp_path / 'calls.txt'
     env = _fake_python3(tmp_path, calls)
     every = kit('benchmark.sh', '--quick', env=env).splitlines()
     every_step = [line[2:] for line in every if line.startswith('$ python3 -m timm_attnconv.benchmark')]
-    calls.unlink()
-    printed = kit('benchmark.sh', '--quick', '--from', '7', env=env).splitlines()
-    skipped = [line for line in printed if line.startswith('skipped (step ')]
-    ran = [line[2:] for line in printed if line.startswith('$ python3 -m timm_attnconv.benchmark')]
-    assert skipped == [f'skipped (step {k}, before --from 7): {cmd}' for k, cmd in enumerate(every_step[:6], 1)]
-    assert ran == every_step[6:] and calls.read_text().count('timm_attnconv.benchmark') == len(ran)
-    assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in ran[0]  # step 7: session 32's budget ended before it
-    bad = subprocess.run(['bash', os.path.join(KIT, 'benchmark.sh'), '--from', 'x'], env=env, capture_output=True,
-                         text=True)
-    assert bad.returncode == 2 and '--from needs a step number from 1 on, not x' in bad.stderr
+    for args, chosen in [(['--from', '7'], range(7, len(every_step) + 1)),
+                         (['--steps', '4-6,19,21-'], [4, 5, 6, 19] + list(range(21, len(every_step) + 1)))]:
+        calls.unlink(missing_ok=True)
+        printed = kit('benchmark.sh', '--quick', *args, env=env).splitlines()
+        skipped = [line for line in printed if line.startswith('skipped (step ')]
+        ran = [line[2:] for line in printed if line.startswith('$ python3 -m timm_attnconv.benchmark')]
+        spec = '7-' if args[0] == '--from' else args[1]
+        assert skipped == [f'skipped (step {k}, not among --steps {spec}): {cmd}'
+                           for k, cmd in enumerate(every_step, 1) if k not in chosen]
+        assert ran == [every_step[k - 1] for k in chosen]
+        assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
+    assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in every_step[6]  # step 7: session 32's budget ended
+    assert '--compile --kernels sdpa sdpa_onehot flex' in every_step[18]
+    for bad_args in (['--from', 'x'], ['--steps', '4,0'], ['--steps', '3-b']):
+        bad = subprocess.run(['bash', os.path.join(KIT, 'benchmark.sh'), *bad_args], env=env, capture_output=True,
+                             text=True)
+        assert bad.returncode == 2 and '--steps takes step numbers from 1 on and ranges' in bad.stderr, bad_args
 
 
 def test_prepare_and_receive_cifar10_and_a_run_to_resume(tmp_path):

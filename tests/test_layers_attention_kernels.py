@@ -3,6 +3,7 @@ FlexAttention cannot run, and a forced kernel that cannot run says why. On CPU t
 (the ``eager_flex`` fixture; one slow test compiles it with inductor) and forward only: FlexAttention has no CPU
 backward."""
 import logging
+import types
 
 import pytest
 import timm
@@ -272,6 +273,27 @@ def test_auto_keeps_each_layers_cpu_kernel_and_avoids_flex_where_it_cannot_run()
     assert choose_kernel('auto', *meta, cpu_kernel='explicit') == 'sdpa'
 
 
+def test_auto_on_cuda_takes_the_layers_eager_kernel_and_sdpa_in_a_compiled_model(monkeypatch):
+    # what choose_kernel reads of a CUDA tensor, so that the rule is tested without one
+    cuda = types.SimpleNamespace(device=torch.device('cuda'), dtype=torch.bfloat16, requires_grad=False)
+    qkv_rows = (cuda, cuda, cuda, None)
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit') == 'flex'
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', cuda_kernel='sdpa_onehot') == 'sdpa_onehot'
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', dropout_p=0.1) == 'sdpa'
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    for cuda_kernel in ('flex', 'sdpa_onehot'):
+        assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', cuda_kernel=cuda_kernel) == 'sdpa'
+    assert choose_kernel('flex', *qkv_rows, cpu_kernel='explicit') == 'flex'  # asked for by name, it runs
+
+
+def test_aa_layers_ask_for_sdpa_onehot_on_cuda(monkeypatch):
+    asked = {}
+    monkeypatch.setattr(augmented_conv, 'choose_kernel', lambda *args, **kwargs: asked.update(kwargs) or 'explicit')
+    AAConv2d(8, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=4, attn_grid=(4, 4))(
+        torch.randn(1, 8, 4, 4))
+    assert asked == dict(cpu_kernel='sdpa_onehot', cuda_kernel='sdpa_onehot')
+
+
 @pytest.mark.filterwarnings('ignore:.*torch.jit.trace.*:FutureWarning')
 @pytest.mark.parametrize('case,match', [
     ('grad', 'no backward on CPU'), ('dropout', 'no attention dropout'), ('float64', 'float64'),
@@ -291,6 +313,21 @@ def test_forced_flex_that_cannot_run_says_why(case, match):
         assert choose_kernel('auto', q, k, v, rows, 'sdpa', **kwargs) == 'sdpa'  # falls back, no error
         with pytest.raises(ValueError, match=f"attn_kernel='flex' cannot run here: .*{match}.*Use attn_kernel='auto'"):
             choose_kernel('flex', q, k, v, rows, 'sdpa', **kwargs)
+
+
+def test_compiling_is_not_exporting():
+    # before torch 2.14 dynamo answered torch.compiler.is_exporting() with True under torch.compile as well, so
+    # compiled models refused FlexAttention (seen on an H100 with torch 2.11: a forced 'flex' did not run)
+    q, k, v, rows, _ = _inputs((3, 5))
+
+    class OneIfFlex(torch.nn.Module):
+        def forward(self, q):
+            return q.new_tensor(float(choose_kernel('flex', q, k, v, rows, 'explicit') == 'flex'))
+
+    with torch.no_grad():
+        assert torch.compile(OneIfFlex(), backend='eager', fullgraph=True)(q).item() == 1.
+        with pytest.raises(ValueError, match='exporters'):
+            torch.export.export(OneIfFlex(), (q,), strict=False)
 
 
 def test_unknown_kernels_are_refused_with_the_choices():

@@ -69,8 +69,8 @@ class AAConv2d(AttentionLayer):
             (the ``(hw)²`` logits in place, the reference), ``'sdpa'`` (the relative logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (the relative logits as query channels against one-hot key channels: SDPA without a
             mask), ``'flex'`` (FlexAttention adds them inside the kernel: no ``(hw)²`` tensor) or ``'auto'`` (default:
-            ``'flex'`` on CUDA where it can run, else ``'sdpa'``; ``'sdpa_onehot'`` on CPU, measured fastest there, and
-            wherever timm's fused attention is switched off). All agree to float rounding.
+            ``'sdpa_onehot'``, measured fastest on CPU and, eager, on CUDA; ``'sdpa'`` in a compiled model on CUDA;
+            the explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
 
     A stride-2 layer average-pools the attention input (3×3, stride 2, padding 1, padding not counted) so that the
     attention runs at the output resolution: the paper is silent on strided AA layers, so they reuse the pooling it
@@ -203,9 +203,10 @@ class AAConv2d(AttentionLayer):
     def _kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: Optional[torch.Tensor]) -> str:
         if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
             return 'explicit'
-        # on CPU SDPA without a mask beats the explicit maps (a float mask sends it to its slower math kernel):
-        # AA-ResNet-20 1.36× at inference, 1.38× in training; BENCHMARK.md
-        return choose_kernel(self.attn_kernel, q, k, v, rows, cpu_kernel='sdpa_onehot')
+        # SDPA without a mask beats the explicit maps on CPU (a float mask sends it to its slower math kernel):
+        # AA-ResNet-20 1.36× at inference, 1.38× in training; and eager on an H100, AA-ResNet-50 1.16× where
+        # FlexAttention gave 1.09×; BENCHMARK.md
+        return choose_kernel(self.attn_kernel, q, k, v, rows, cpu_kernel='sdpa_onehot', cuda_kernel='sdpa_onehot')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)

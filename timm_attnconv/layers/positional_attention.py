@@ -47,8 +47,10 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
       10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
       at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, in the batched form (all heads in one
       contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against dense at
-      16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200. The
-      values-first form is not measured on a GPU yet.
+      16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and again on
+      an H100 in session 37: 1.07× / 1.02× / 1.32× (quadratic), 1.03× / 1.02× / 1.35× (learned). The values-first
+      form was slower than the batched one there at every grid (0.93× / 0.98× / 1.27× against dense), so it stays
+      a form asked for by name.
     * other devices keep what every device ran before this table: the loop, everywhere it is exact.
     """
     rules = {
@@ -104,7 +106,8 @@ class PositionalSelfAttention(AttentionLayer):
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
             mask), ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
-            ``'auto'`` (default: ``'flex'`` on CUDA where it can run, else ``'sdpa'``; on CPU ``'sdpa_onehot'``,
+            ``'auto'`` (default: ``'flex'`` on CUDA where it can run, the least memory, else ``'sdpa'``, which a
+            compiled model on CUDA takes too; on CPU ``'sdpa_onehot'``,
             measured fastest there, or ``'sdpa'`` for a dense position bias; the
             explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
     """

@@ -9,24 +9,29 @@
 #                     AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
 #                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
-#   --from K          start at step K (counted from 1 as the steps below run), each earlier one listed as skipped: a
-#                     later session's spare minutes measure the steps an earlier session's budget left out
+#   --steps LIST      only these steps (counted from 1 as the steps below run; LIST as 4-6,19,21-: numbers and
+#                     ranges, open at the end), each other one listed as skipped: a later session's spare minutes
+#                     measure what changed since, or what an earlier session's budget left out
+#   --from K          the same as --steps K-
 #   --quick           2 repetitions instead of 10
-# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--from K] [--quick] \
+# Usage: PYTHONPATH=. setsid nohup training/gpu/benchmark.sh [--profile] [--budget S] [--steps LIST] [--quick] \
 #          > /tmp/b.out 2>&1 &
 set -uo pipefail
-iters=10; profile=0; budget=0; first=1
+iters=10; profile=0; budget=0; chosen=
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) iters=2;;
     --profile) profile=1;;
     --budget) budget=${2:?--budget needs a number of seconds}; shift;;
-    --from) first=${2:?--from needs a step number}; shift
-            [[ $first =~ ^[1-9][0-9]*$ ]] || { echo "--from needs a step number from 1 on, not $first" >&2; exit 2; };;
+    --steps) chosen=${2:?--steps needs a list of steps}; shift;;
+    --from) chosen=${2:?--from needs a step number}-; shift;;
     *) echo "unknown option $1" >&2; exit 2;;
   esac
   shift
 done
+number='[1-9][0-9]*'
+[ -z "$chosen" ] || [[ $chosen =~ ^$number(-($number)?)?(,$number(-($number)?)?)*$ ]] ||
+  { echo "--steps takes step numbers from 1 on and ranges (4-6,19,21-), not $chosen" >&2; exit 2; }
 mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt; profile_out=${OUT:-.}/profile.txt
 printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh waits while this pid runs
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
@@ -50,9 +55,19 @@ run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150
   if [ "$rc" = 124 ]; then echo "(cut at $limit s)"; else echo "($((SECONDS - started)) s)"; fi | tee -a "$file"
 }
 steps=0
-step() {  # a numbered benchmark step (--from counts these; the op profiles are not steps)
+chosen_step() {  # whether step N is among --steps (all are when it is not given)
+  local n=$1 part low high
+  [ -n "$chosen" ] || return 0
+  for part in ${chosen//,/ }; do
+    low=${part%-*}; high=${part#*-}
+    [ -n "$high" ] || high=$n
+    [ "$n" -ge "$low" ] && [ "$n" -le "$high" ] && return 0
+  done
+  return 1
+}
+step() {  # a numbered benchmark step (--steps counts these; the op profiles are not steps)
   steps=$((steps + 1))
-  if [ $steps -lt "$first" ]; then echo "skipped (step $steps, before --from $first): $*" | tee -a "$out"; return; fi
+  if ! chosen_step $steps; then echo "skipped (step $steps, not among --steps $chosen): $*" | tee -a "$out"; return; fi
   run_to "$out" "$@"
 }
 : > "$out"
@@ -96,19 +111,13 @@ targets --compile
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
 step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
-# the compiled AA target: FlexAttention (what 'auto' takes on CUDA) against SDPA without a mask (session 35)
-step $B --compile --kernels sdpa_onehot flex --models aa_resnet50 --batch-size 128
-# EA's map convolution: cuDNN's in channels_last (the default) against shifted multiply-adds that inductor fuses
-# with the mix and ReLU into one kernel, compiled alone in an eager model (cuDNN's 3×3 convolution over 6 or 8
-# channels was EA's largest cost in the session-35 profiles; its memory formats ran within 7% of each other there);
-# then compiled, one model per step (each side compiles)
-step $B --evolution-layouts channels_last shifted_sum --models deit_ea_small_patch16_224 ea_aa_resnet50 --batch-size 128
-for m in deit_ea_small_patch16_224 ea_aa_resnet50; do
-  step $B --compile --evolution-layouts channels_last shifted_sum --models $m --batch-size 128
-done
+# the compiled AA target: SDPA with the bias as its mask (what 'auto' takes in a compiled model on CUDA) against SDPA
+# without a mask and FlexAttention inside the model's graph (before session 37's fix, torch 2.11 refused the latter)
+step $B --compile --kernels sdpa sdpa_onehot flex --models aa_resnet50 --batch-size 128
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
 step $B --train --models aa_resnet20_cifar --batch-size 256
 step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256
-# the EA twin's training steps per layout (GPU plan D trains it: 12.8-13.5 s per epoch beside another run)
+# the EA twin's training steps per layout of its map convolution (GPU plan D trains it): the shifted sums lost at
+# inference on EA-DeiT-S (session 37: 0.77x eager, 0.62x compiled), but won on the CPU with this model's 4 heads
 step $B --train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50
