@@ -60,6 +60,9 @@ ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
 FLEX_MIN_HEAD_DIM = 16
 FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# FlexAttention's compiled CPU kernel needs AVX2; read once: under torch.compile the query (a string, not a tensor)
+# would break the graph on every call
+_CPU_HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ('AVX2', 'AVX512')
 # Inductor's default forward blocks for heads wider than 256 channels keep 3 pipeline stages of key and value blocks
 # in shared memory: for the 400-channel heads of sa_learned_content_cifar (Triton pads them to 512) that asked for
 # 264,192 bytes on an H100, which has 232,448 per block. One stage asks for half as much.
@@ -302,10 +305,6 @@ def _flex_compiled_alone(
         raise FlexKernelError(_FLEX_FAILURES[signature]) from error
 
 
-# read once: under torch.compile the query (a string, not a tensor) would break the graph on every call
-_CPU_HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ('AVX2', 'AVX512')
-
-
 def _is_exporting() -> bool:
     """Whether ``torch.export`` traces. Before torch 2.14, dynamo answers ``torch.compiler.is_exporting()`` with True
     wherever it traces, under ``torch.compile`` too, which made every compiled model refuse FlexAttention (a forced
@@ -369,7 +368,7 @@ def choose_kernel(
             if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
                 return 'explicit'  # the reference maths, which every exporter lowers
             if torch.compiler.is_compiling() and q.device.type == 'cuda':
-                return 'sdpa'  # the kernel of every compiled model measured on a GPU so far (_is_exporting)
+                return 'sdpa'  # what every compiled model measured on a GPU so far ran (module docstring)
         if q.device.type == 'cpu':
             return cpu_kernel
         if q.device.type == 'cuda' and cuda_kernel != 'flex':

@@ -107,9 +107,9 @@ class PositionalSelfAttention(AttentionLayer):
             ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
             mask), ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
             ``'auto'`` (default: ``'flex'`` on CUDA where it can run, the least memory, else ``'sdpa'``, which a
-            compiled model on CUDA takes too; on CPU ``'sdpa_onehot'``,
-            measured fastest there, or ``'sdpa'`` for a dense position bias; the
-            explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
+            compiled model on CUDA takes too; on CPU ``'sdpa_onehot'``, measured fastest there, or ``'sdpa'`` for a
+            dense position bias; the explicit maps wherever timm's fused attention is switched off). All agree to
+            float rounding.
     """
 
     def __init__(
