@@ -54,7 +54,7 @@ from .attention_interface import AttentionLayer
 
 __all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
-           'run_compiled_alone', 'set_attn_kernel']
+           'run_compiled_alone', 'compile_failure_cause', 'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -280,6 +280,13 @@ def run_compiled_alone(compiled: Callable[..., torch.Tensor], *args, **kwargs) -
         return compiled(*args, **kwargs)
 
 
+def compile_failure_cause(error: Exception) -> str:
+    """The first line (at most 300 characters) of why :func:`run_compiled_alone` failed, for a remembered failure's
+    message: inductor's and dynamo's errors run to pages."""
+    message = str(error).strip()
+    return message.splitlines()[0][:300] if message else ''
+
+
 # Inside a compiled model on CPU the kernel runs outside the model's graph: inductor's C++ FlexAttention template
 # cannot read score terms that the graph itself computes (torch 2.14: "All the buffers in the score and mask
 # subgraph should be in kernel_group.args.input_buffers"); a graph break makes them inputs of the kernel.
@@ -299,7 +306,7 @@ def _flex_compiled_alone(
     except torch.OutOfMemoryError:
         raise  # the device is full, which no other kernel mends
     except (RuntimeError, TypeError) as error:  # InductorError (Triton: out of resource), dynamo's failures
-        cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else ''
+        cause = compile_failure_cause(error)
         _FLEX_FAILURES[signature] = (f"FlexAttention's compiled kernel failed on {q.device.type} for q "
                                      f"{list(q.shape)}, v {list(v.shape)} {q.dtype} ({type(error).__name__}: {cause})")
         raise FlexKernelError(_FLEX_FAILURES[signature]) from error

@@ -32,7 +32,7 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs, run_compiled_alone
+from .attention_kernels import attention_probs, compile_failure_cause, run_compiled_alone
 from .augmented_conv import AAConv2d
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
@@ -178,7 +178,7 @@ def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor
         except torch.OutOfMemoryError:
             raise  # the device is full, which the other form does not mend
         except (RuntimeError, TypeError) as error:  # InductorError, dynamo's and the C++ compiler's failures
-            cause = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+            cause = compile_failure_cause(error) or type(error).__name__
             _FUSION_FAILURES[where] = cause
             warnings.warn(f"the 'shifted_sum' evolution layout could not be compiled on {where[0]} for {where[1]} "
                           f"({cause}); these layers run their convolution in 'channels_last' there (the same "
