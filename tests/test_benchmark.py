@@ -1,12 +1,14 @@
 """``python -m timm_attnconv.benchmark`` times its comparisons interleaved, after a warm-up that waits for settled
 timings, and reports median ratios with their range. Fake timers check the order and the arithmetic; nothing here
 asserts that one side is faster."""
+import functools
 import re
 
 import pytest
 import torch
 
 from timm_attnconv import benchmark
+from timm_attnconv.layers import set_attn_kernel
 
 CPU = torch.device('cpu')
 RATIO = re.compile(r'\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)')  # median (min–max)
@@ -227,3 +229,22 @@ def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys)
     assert rows[0]['kernel'] == 'sdpa' and rows[0]['img_s'] > 0
     assert 'no kernel for this test' in rows[1]['error']
     assert re.search(r' flex +cannot run: ', capsys.readouterr().out)
+
+
+def test_a_variant_that_does_not_compile_is_listed_with_why_and_the_others_are_timed(monkeypatch):
+    # a backend that fails for one variant stands in for inductor failing to build a kernel (Triton out of shared
+    # memory on an H100, session 25), which had ended the whole step; dynamo traces only, the rest runs eagerly
+    def unbuildable(graph, inputs):
+        raise RuntimeError('out of resource: shared memory\nthe rest of a long message')
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, 'compile', lambda model: real_compile(
+        model, backend=unbuildable if getattr(model, 'unbuildable', False) else 'eager'))
+    variants = {'explicit': functools.partial(set_attn_kernel, kernel='explicit'),
+                'unbuildable': lambda model: setattr(model, 'unbuildable', True) or model,
+                'sdpa_onehot': functools.partial(set_attn_kernel, kernel='sdpa_onehot')}
+    rows = benchmark.compare_variants('aa_resnet20_cifar', 8, 1, variants, 'kernel', iters=1, max_warmup=1,
+                                      compile_model=True)
+    assert [r['kernel'] for r in rows] == ['explicit', 'unbuildable', 'sdpa_onehot']
+    assert rows[1]['error'] == 'compiling failed: RuntimeError: out of resource: shared memory'
+    assert rows[0]['speed'] == 1.0 and rows[2]['img_s'] > 0 and rows[2]['max_abs_diff'] < 1e-4

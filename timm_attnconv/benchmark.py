@@ -59,6 +59,7 @@ from .data import default_data_dir, load_cifar10, normalize
 from .layers import (
     ATTN_KERNELS, EVOLUTION_LAYOUTS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path,
     set_evolution_layout)
+from .layers.attention_kernels import compile_failure_cause
 
 __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_kernels',
            'compare_evolution_layouts', 'compare_training_variants', 'compare_training_kernels',
@@ -218,6 +219,13 @@ def _first_call(forward: Callable[[], torch.Tensor], device: torch.device) -> Di
     return dict(logits=out.float().cpu(), peak_mb=peak_mb[0])
 
 
+def _why_compiling_failed(error: Exception) -> str:
+    # a backend's failure (inductor's: a Triton kernel out of shared memory) is wrapped in dynamo's, whose first line
+    # only names the backend
+    cause = getattr(error, 'inner_exception', None) or error
+    return f'compiling failed: {type(cause).__name__}: {compile_failure_cause(cause)}'
+
+
 def compare_paths(
         name: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
         amp: Optional[torch.dtype] = None, compile_model: bool = False, max_warmup: int = MAX_WARMUP,
@@ -323,8 +331,9 @@ def compare_variants(
     """Inference of ``name`` in each variant (a copy of the model, same weights, set up by the variant's function),
     interleaved: one row per variant, named under ``label``, with img/s, ``speed`` = the first variant's time over
     this one's (median and range over repetitions), peak memory of one forward pass and ``max_abs_diff`` of the logits
-    against the first variant's. A variant that cannot run here (a ``ValueError`` that says why) gives a row with its
-    ``error`` instead. ``img_size`` None: the model's default input size."""
+    against the first variant's. A variant that cannot run here (a ``ValueError`` that says why) or, with
+    ``compile_model``, that does not compile here gives a row with its ``error`` instead, and the others are timed.
+    ``img_size`` None: the model's default input size."""
     import copy
 
     import timm
@@ -341,6 +350,9 @@ def compare_variants(
             firsts.append(_first_call(side, dev))
         except ValueError as error:  # e.g. a forced kernel that cannot run on this device or dtype says why
             rows.append(dict(row, error=str(error)))
+            continue
+        except torch._dynamo.exc.TorchDynamoException as error:  # e.g. FlexAttention's kernel, built in the graph
+            rows.append(dict(row, error=_why_compiling_failed(error)))
             continue
         rows.append(row)
         sides.append(side)

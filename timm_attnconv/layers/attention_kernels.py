@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
 from .attention_interface import AttentionLayer
+from .forward_errors import raise_value_error
 
 __all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
@@ -160,12 +161,13 @@ def relative_attention(
         return _flex_or_fallback(q, k, v, scale, rows, cols, 'sdpa' if requested == 'auto' else None)
     if kernel == 'sdpa_onehot':
         if bias is not None:
-            raise ValueError("attn_kernel='sdpa_onehot' takes row and column terms, not a dense bias: use 'sdpa'")
+            raise_value_error("attn_kernel='sdpa_onehot' takes row and column terms, not a dense bias: use 'sdpa'")
         if rows is not None and cols is not None:
             return _onehot_axis_attention(q, k, v, scale, rows, cols, dropout_p)
         kernel = 'sdpa'  # no position terms: plain attention, which SDPA runs fused as it is
     if kernel != 'sdpa':
-        raise ValueError(f"relative_attention runs the fused kernels 'sdpa', 'sdpa_onehot' and 'flex', got '{kernel}'")
+        raise_value_error(
+            f"relative_attention runs the fused kernels 'sdpa', 'sdpa_onehot' and 'flex', got '{kernel}'")
     if bias is None and rows is not None and cols is not None:
         bias = relative_bias(rows, cols)
     if bias is not None:
@@ -366,9 +368,9 @@ def choose_kernel(
         return requested
     if requested == 'sdpa_onehot':
         if dense_bias:
-            raise ValueError("attn_kernel='sdpa_onehot' cannot run here: the position term has no row+column form, "
-                             "so there are no axis terms to turn into channels. Use attn_kernel='sdpa' (it takes the "
-                             "dense bias as its mask), 'auto' or 'explicit'.")
+            raise_value_error("attn_kernel='sdpa_onehot' cannot run here: the position term has no row+column "
+                              "form, so there are no axis terms to turn into channels. Use attn_kernel='sdpa' (it "
+                              "takes the dense bias as its mask), 'auto' or 'explicit'.")
         return requested
     if requested == 'auto':
         if not torch.jit.is_scripting():
@@ -386,8 +388,8 @@ def choose_kernel(
         reason = flex_unsupported_reason(q, k, v, rows, dense_bias, dropout_p)
     if requested == 'flex':
         if reason is not None:
-            raise ValueError(f"attn_kernel='flex' cannot run here: {reason}. Use attn_kernel='auto' (it takes a "
-                             f"kernel that can run), 'sdpa' or 'explicit'.")
+            raise_value_error(f"attn_kernel='flex' cannot run here: {reason}. Use attn_kernel='auto' (it takes a "
+                              f"kernel that can run), 'sdpa' or 'explicit'.")
         return 'flex'
     return 'flex' if reason is None else 'sdpa'
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, to_2tuple, trunc_normal_, use_fused_attn
 
 from .attention_interface import AttentionLayer
+from .forward_errors import raise_value_error
 from .relative import rel_logits_2d
 from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
@@ -187,7 +188,7 @@ class AAConv2d(AttentionLayer):
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.ndim != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
+            raise_value_error(f'AAConv2d expects (B, {self.in_channels}, H, W) input, got {list(x.shape)}')
 
     def _heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int],
                kernel: Optional[str] = None) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention_interface import AttentionLayer
 from .attention_kernels import attention_probs, compile_failure_cause, run_compiled_alone
 from .augmented_conv import AAConv2d
+from .forward_errors import raise_value_error
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
@@ -70,9 +71,10 @@ class AttentionEvolution(nn.Module):
     def forward(self, logits: torch.Tensor, prev: Optional[torch.Tensor]) -> torch.Tensor:
         if prev is None or prev.shape != logits.shape:
             got = 'nothing' if prev is None else f'logits of shape {list(prev.shape)}'
-            raise ValueError(f'this evolving-attention layer expects the previous layer\'s logits of shape '
-                             f'{list(logits.shape)} but got {got}: thread the chain state through the model\'s '
-                             f'forward (layers are linked for the default input size)')
+            raise_value_error(f'this evolving-attention layer expects the previous layer\'s logits of shape '
+                              f'{list(logits.shape)} but got {got}: thread the chain state through the model\'s '
+                              f'forward (layers are linked for the default input size)')
+        assert prev is not None  # it is, past the check: TorchScript's type refinement reads an assert, not a call
         weight, bias, residual, conv_weight = (self.conv.weight, self.conv.bias, self.evolve_residual,
                                                self.evolve_conv_weight)
         # a Python int, also under torch.jit.trace (fvcore), where torch 2.8 passed one derived from the traced
@@ -349,7 +351,7 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
             is_causal: bool = False,
     ) -> torch.Tensor:
         if attn_mask is not None or is_causal:
-            raise ValueError('evolving attention convolves full attention maps: attention masks are not supported')
+            raise_value_error('evolving attention convolves full attention maps: attention masks are not supported')
         return self.chain_step(x)
 
     def forward_chain(self, x: torch.Tensor, prev: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

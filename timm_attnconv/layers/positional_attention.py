@@ -22,6 +22,7 @@ import torch.nn as nn
 from timm.layers import register_notrace_module, use_fused_attn
 
 from .attention_interface import AttentionLayer
+from .forward_errors import raise_value_error
 from .position_scores import position_term
 from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel, relative_attention, relative_logits
 
@@ -172,7 +173,7 @@ class PositionalSelfAttention(AttentionLayer):
         if self.training and self.attn_drop.p > 0:
             # dropout on a factorised map would not be dropout on the map: keep the original maths while it is active
             if self.attn_path != 'auto':
-                raise ValueError(
+                raise_value_error(
                     "attn_path='" + self.attn_path + "' cannot apply attention dropout (it never forms the maps); "
                     "train with attn_path='auto' (dense while dropout is active) or attn_drop_rate=0")
             return 'dense'

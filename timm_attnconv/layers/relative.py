@@ -10,6 +10,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
+from .forward_errors import raise_value_error
+
 __all__ = ['relative_offsets', 'table_for_length', 'gather_relative', 'rel_logits_2d']
 
 
@@ -35,7 +37,7 @@ def table_for_length(table: torch.Tensor, length: int, resize: bool = True, name
     if length <= max_len:
         return table[max_len - length:max_len + length - 1]
     if not resize:
-        raise ValueError(
+        raise_value_error(
             f'{name} covers grid sides up to {max_len} tokens but the input has {length}: use inputs whose token '
             f'grid is at most {max_len} per side, or enable interpolation of the relative tables.')
     resized = F.interpolate(table.t()[None], size=2 * length - 1, mode='linear', align_corners=True)

@@ -2,6 +2,8 @@
 import torch
 from timm.layers import register_notrace_function
 
+from ..layers.forward_errors import raise_value_error
+
 __all__ = ['check_image_batch']
 
 
@@ -12,16 +14,16 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1) -> None
     sizes = f' with H and W multiples of {multiple}' if multiple > 1 else ''
     expected = f'a float tensor of shape (batch, {in_chans}, H, W){sizes}'
     if x.dim() != 4:
-        raise ValueError(f'expected {expected}; got {x.dim()} dimensions, shape {list(x.shape)}')
+        raise_value_error(f'expected {expected}; got {x.dim()} dimensions, shape {list(x.shape)}')
     if not x.is_floating_point():
-        raise ValueError(f'expected {expected}; got dtype {x.dtype} (convert images with .float() and normalise)')
+        raise_value_error(f'expected {expected}; got dtype {x.dtype} (convert images with .float() and normalise)')
     if x.shape[1] != in_chans:
-        raise ValueError(
+        raise_value_error(
             f'expected {expected}; got {x.shape[1]} channels, shape {list(x.shape)} '
             f'(create the model with in_chans={x.shape[1]} to change the input channels)')
     height, width = x.shape[-2], x.shape[-1]
     if x.shape[0] < 1 or height < multiple or width < multiple or height % multiple or width % multiple:
-        raise ValueError(f'expected {expected}; got a batch of {x.shape[0]} images of {height}×{width}')
+        raise_value_error(f'expected {expected}; got a batch of {x.shape[0]} images of {height}×{width}')
 
 
 # a leaf for every torch.fx tracer, whichever module holds the root: the wrapped name is this module's global, so

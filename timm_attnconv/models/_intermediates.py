@@ -6,6 +6,8 @@ import torch.nn as nn
 from timm.models._features import feature_take_indices
 from torch.utils.checkpoint import checkpoint
 
+from ..layers.forward_errors import raise_value_error
+
 __all__ = ['forward_intermediates']
 
 
@@ -32,7 +34,7 @@ def forward_intermediates(
     """
     formats = ('NCHW', 'NHWC') if layout == 'NHWC' else ('NCHW',)
     if output_fmt not in formats:
-        raise ValueError(f"output_fmt must be {' or '.join(map(repr, formats))}, got {output_fmt!r}")
+        raise_value_error(f"output_fmt must be {' or '.join(map(repr, formats))}, got {output_fmt!r}")
     take_indices, max_index = feature_take_indices(len(stages), indices)
     intermediates = []
     for index, stage in enumerate(stages[:max_index + 1] if stop_early else stages):

@@ -19,6 +19,7 @@ from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoin
 
 from ..layers import AAConv2d, ChainedAAConv2d, ChainedAttention, EvolvingChain, link_chain
 from ..layers.evolving import check_timm_api
+from ..layers.forward_errors import raise_value_error
 from ._input import check_image_batch
 from ._registry import build_family_model, register_model
 from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
@@ -87,7 +88,7 @@ class EASelfAttentionNet(SelfAttentionNet):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """As :meth:`SelfAttentionNet.forward_intermediates`, with the chain threaded through the layers."""
         if output_fmt not in ('NCHW', 'NHWC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+            raise_value_error(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
         x, _, intermediates = blocks(self._embed(x), None, self.grad_checkpointing, take_indices)
@@ -159,7 +160,7 @@ class EAAAResNet(AAResNet):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """timm's ResNet ``forward_intermediates`` (stem activation, then the four stages) with the chain threaded."""
         if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+            raise_value_error(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(5, indices)
         x = self.act1(self.bn1(self.conv1(x)))
         intermediates = [x] if 0 in take_indices else []
@@ -205,7 +206,7 @@ class EACifarResNet(CifarResNet):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """As :meth:`CifarResNet.forward_intermediates`, with the chains threaded."""
         if output_fmt != 'NCHW':
-            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+            raise_value_error(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.stages), indices)
         check_image_batch(x, self.in_chans)
         stages = self.stages[:max_index + 1] if stop_early else self.stages
@@ -253,7 +254,7 @@ class EAVisionTransformer(VisionTransformer):
         if output_dict or attn_mask is not None or is_causal:
             raise NotImplementedError('output_dict and attention masks are not supported by evolving attention')
         if output_fmt not in ('NCHW', 'NLC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+            raise_value_error(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         batch, _, height, width = x.shape
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
