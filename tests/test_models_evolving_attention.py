@@ -160,6 +160,20 @@ def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
             assert [t.shape for t in ea.forward_intermediates(x, intermediates_only=True)] == \
                 [(1, 192, size // 16, size // 16)] * 2
 
+    with pytest.raises(ValueError, match='H and W multiples of 16; got a batch of 1 images of 96×100'):
+        ea(torch.randn(1, 3, 96, 100))
+
+
+def test_ea_deit_of_one_size_refuses_others_naming_dynamic_img_size():
+    # timm's PatchEmbed would assert; the model refuses first, with the fix (and, compiled, from outside the graph)
+    ea = timm.create_model('deit_ea_tiny_patch16_224', depth=1, img_size=64).eval()
+    with torch.no_grad():
+        assert ea(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
+        for height, width in ((32, 32), (64, 48), (64, 60)):
+            with pytest.raises(ValueError, match=f'got {height}×{width} images, but this model takes 64×64 only '
+                                                 r'\(create it with dynamic_img_size=True'):
+                ea(torch.randn(1, 3, height, width))
+
 
 # eval logits (3 classes, batch 2) on the weights of _seeded_state, recorded at commit 17b4fdd, whose EA models ran
 # their own copies of timm's Bottleneck and ViT Block forwards: any later construction of them must give the same

@@ -1,4 +1,6 @@
 """Input validation shared by the families: bad batches fail at the model's door with the fix, not deep inside."""
+from typing import Optional, Tuple
+
 import torch
 from timm.layers import register_notrace_function
 
@@ -8,9 +10,11 @@ __all__ = ['check_image_batch']
 
 
 @register_notrace_function  # a leaf for timm's feature-extraction tracer (where the root model's module calls it)
-def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1) -> None:
+def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1,
+                      size: Optional[Tuple[int, int]] = None) -> None:
     """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with
-    ``H``, ``W`` positive multiples of ``multiple`` (the patch size of token models)."""
+    ``H``, ``W`` positive multiples of ``multiple`` (the patch size of token models) and, given ``size``, equal to it
+    (a model whose position embedding has one grid)."""
     sizes = f' with H and W multiples of {multiple}' if multiple > 1 else ''
     expected = f'a float tensor of shape (batch, {in_chans}, H, W){sizes}'
     if x.dim() != 4:
@@ -22,6 +26,9 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1) -> None
             f'expected {expected}; got {x.shape[1]} channels, shape {list(x.shape)} '
             f'(create the model with in_chans={x.shape[1]} to change the input channels)')
     height, width = x.shape[-2], x.shape[-1]
+    if size is not None and (height != size[0] or width != size[1]):
+        raise_value_error(f'expected {expected}; got {height}×{width} images, but this model takes {size[0]}×{size[1]} '
+                          f'only (create it with dynamic_img_size=True to run other sizes)')
     if x.shape[0] < 1 or height < multiple or width < multiple or height % multiple or width % multiple:
         raise_value_error(f'expected {expected}; got a batch of {x.shape[0]} images of {height}×{width}')
 

@@ -227,7 +227,10 @@ class EAVisionTransformer(VisionTransformer):
         self.num_evolved = link_chain(layers, [grid] * len(layers), evolve_residual, evolve_conv_weight)
 
     def _tokens(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.patch_embed.proj.in_channels)
+        # timm's PatchEmbed asserts these; refused here first, with the fix and without a raise in a compiled graph
+        embed = self.patch_embed
+        size = embed.img_size if embed.img_size is not None and embed.strict_img_size else None
+        check_image_batch(x, embed.proj.in_channels, 1 if embed.dynamic_img_pad else embed.patch_size[0], size)
         return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
