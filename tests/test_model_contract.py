@@ -197,6 +197,23 @@ def test_optimizer_groups(name, layer_decay):
         assert len({g['lr_scale'] for g in groups}) > 2  # stem, the layers, head
 
 
+# a model of each kind of attention: positional SA (quadratic, learned), content SA, AA in a ResNet-50 and in a CIFAR
+# ResNet, and the evolving chains of AA and SA
+ONE_GRAPH = ['sa_quadratic_cifar', 'sa_learned_cifar', 'sa_learned_content_cifar', 'aa_resnet50', 'aa_resnet20_cifar',
+             'ea_aa_resnet20_cifar', 'ea_sa_learned_content_cifar']
+
+
+@pytest.mark.parametrize('name', ONE_GRAPH)
+def test_compiles_to_one_graph_for_inference_and_training(name):
+    # a graph break costs a compiled model its speed on a GPU (and fails fullgraph=True): dynamo traces only here
+    model, x = _small(name)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model.eval(), backend='eager', fullgraph=True)(x), model(x))
+    model.train()
+    torch.compile(model, backend='aot_eager', fullgraph=True)(x).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_content_cifar', 'aa_resnet50'])
 def test_torch_compile_needs_no_changes(name):
