@@ -61,8 +61,7 @@ from .layers import (
     set_evolution_layout)
 from .layers.attention_kernels import compile_failure_cause
 
-__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_kernels',
-           'compare_evolution_layouts', 'compare_training_variants', 'compare_training_kernels',
+__all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_training_variants',
            'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call', 'interleaved_seconds',
            'median_spread', 'ratio_text', 'parse_args', 'main']
 
@@ -385,23 +384,6 @@ def _layout_variants(layouts: Sequence[str]) -> Variants:
     return {layout: functools.partial(set_evolution_layout, layout=layout) for layout in layouts}
 
 
-def compare_kernels(name: str, img_size: Optional[int], batch_size: int, kernels: Sequence[str], iters: int = 3,
-                    **options) -> List[Dict[str, object]]:
-    """:func:`compare_variants` over the attention kernels ``kernels`` of the AA and SA content layers
-    (``set_attn_kernel``): a row per kernel, under ``'kernel'``."""
-    return compare_variants(name, img_size, batch_size, _kernel_variants(kernels), 'kernel', iters, **options)
-
-
-def compare_evolution_layouts(name: str, img_size: Optional[int], batch_size: int,
-                              layouts: Sequence[str] = EVOLUTION_LAYOUTS, iters: int = 3,
-                              **options) -> List[Dict[str, object]]:
-    """:func:`compare_variants` over the ways ``layouts`` of running the evolution convolution of an
-    evolving-attention model (``set_evolution_layout``; by default all of them, channels_last first), under
-    ``'evolution conv'``."""
-    return compare_variants(name, img_size, batch_size, _layout_variants(layouts), 'evolution conv', iters,
-                            **options)
-
-
 def _training_step(model: nn.Module, batch_size: int, dev: torch.device, amp: Optional[torch.dtype],
                    channels_last: bool) -> Callable[[nn.Module], None]:
     """``step(forward)``: one full training step of ``model`` (forward through ``forward``, the model or its compiled
@@ -481,13 +463,6 @@ def compare_training_variants(
         sides.append(functools.partial(step, _prepared(variant, compile_model)))
     _time_against_the_first(rows, sides, batch_size, steps, dev, max_warmup)
     return rows
-
-
-def compare_training_kernels(name: str, kernels: Sequence[str], batch_size: int = 256, steps: int = 3,
-                             **options) -> List[Dict[str, object]]:
-    """:func:`compare_training_variants` over the attention kernels ``kernels`` (``set_attn_kernel``), under
-    ``'kernel'``."""
-    return compare_training_variants(name, _kernel_variants(kernels), 'kernel', batch_size, steps, **options)
 
 
 def bf16_top1_agreement(name: str, data_dir: str, num_images: int = 512, device: str = 'cpu') -> Dict[str, object]:
