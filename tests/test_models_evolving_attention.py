@@ -146,6 +146,38 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
         torch.testing.assert_close(ea.forward_head(final), ea(x))
 
 
+@pytest.mark.parametrize('kwargs', [dict(norm=True), dict(output_fmt='NLC'), dict(return_prefix_tokens=True),
+                                    dict(output_dict=True, return_prefix_tokens=True, indices=[1]),
+                                    dict(output_dict=True, intermediates_only=True, stop_early=True, indices=1),
+                                    dict(output_dict=True, return_prefix_tokens=True, model=dict(class_token=False,
+                                                                                                 global_pool='avg'))])
+def test_ea_deit_intermediates_are_timm_deits_in_every_output_form(kwargs):
+    """Without residual and convolution EA-DeiT is DeiT (above), so every form of timm's ``forward_intermediates``
+    must come back the same: tuples, prefix tokens, ``output_dict``'s keys, a model without class token."""
+    kwargs = dict(kwargs)
+    model_kwargs = dict(depth=2, img_size=64, **kwargs.pop('model', {}))
+    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **model_kwargs)
+    base = timm.create_model('deit_tiny_patch16_224', **model_kwargs).eval()
+    load_without_evolution(base, ea.eval())
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        got, expected = ea.forward_intermediates(x, **kwargs), base.forward_intermediates(x, **kwargs)
+    if kwargs.get('output_dict'):
+        assert got.keys() == expected.keys()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    if kwargs == dict(norm=True):
+        assert all(y.is_contiguous() for y in got[1])  # NCHW copies, as timm's
+
+
+def test_ea_deit_intermediates_refuse_attention_masks_naming_why():
+    ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, img_size=32).eval()
+    x = torch.randn(1, 3, 32, 32)
+    for kwargs in (dict(attn_mask=torch.zeros(5, 5, dtype=torch.bool)), dict(is_causal=True)):
+        with pytest.raises(ValueError, match="takes no attn_mask or is_causal: each layer's convolution runs over the "
+                                             "previous layer's full maps"):
+            ea.forward_intermediates(x, **kwargs)
+
+
 def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
     """timm's ``dynamic_img_size=True`` resamples the position embedding per input; the evolution convolutions act on
     maps of any size, so the EA DeiT follows timm's DeiT to 160 and 96 px (14², 10², 6² patches)."""

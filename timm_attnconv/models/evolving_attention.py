@@ -252,10 +252,12 @@ class EAVisionTransformer(VisionTransformer):
             output_dict: bool = False,
             attn_mask: Optional[torch.Tensor] = None,
             is_causal: bool = False,
-    ):
-        """timm's ViT ``forward_intermediates`` with the chain threaded (no ``output_dict`` or masks)."""
-        if output_dict or attn_mask is not None or is_causal:
-            raise NotImplementedError('output_dict and attention masks are not supported by evolving attention')
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, Any]]:
+        """timm's ViT ``forward_intermediates`` with the chain threaded, ``output_dict`` included; no attention masks
+        (``attn_mask``, ``is_causal``): the evolution convolves each layer's full maps into the next one's."""
+        if attn_mask is not None or is_causal:
+            raise_value_error('evolving attention takes no attn_mask or is_causal: each layer\'s convolution runs over '
+                              'the previous layer\'s full maps (call forward_intermediates without them)')
         if output_fmt not in ('NCHW', 'NLC'):
             raise_value_error(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -263,12 +265,20 @@ class EAVisionTransformer(VisionTransformer):
         blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
         x, _, intermediates = blocks(self._tokens(x), None, self.grad_checkpointing, take_indices)
         intermediates = [self.norm(y) if norm else y for y in intermediates]
-        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
+        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates] if self.num_prefix_tokens else None
         intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
         if output_fmt == 'NCHW':
             grid_h, grid_w = self.patch_embed.dynamic_feat_size((height, width))
-            intermediates = [y.reshape(batch, grid_h, grid_w, -1).permute(0, 3, 1, 2) for y in intermediates]
-        if return_prefix_tokens:
+            intermediates = [y.reshape(batch, grid_h, grid_w, -1).permute(0, 3, 1, 2).contiguous()
+                             for y in intermediates]
+        if output_dict:  # timm's keys
+            outputs: Dict[str, Any] = {'image_intermediates': intermediates}
+            if return_prefix_tokens and prefix is not None:
+                outputs['image_intermediates_prefix'] = prefix
+            if not intermediates_only:
+                outputs['image_features'] = self.norm(x)
+            return outputs
+        if return_prefix_tokens and prefix is not None:
             intermediates = list(zip(intermediates, prefix))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
 
