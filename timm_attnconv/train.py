@@ -210,20 +210,6 @@ def _gather(obj: Any, world: int) -> List[Any]:
     return objs
 
 
-def _process_state(device: torch.device, loss_sum: torch.Tensor) -> Dict[str, Any]:
-    """What differs between the processes of a run: their RNG streams (dropout; the CUDA one too, which a compiled
-    model's dropout draws from) and their share of the epoch's training loss so far."""
-    return dict(rng=torch.get_rng_state(), loss_sum=loss_sum.item(),
-                cuda_rng=torch.cuda.get_rng_state(device) if device.type == 'cuda' else None)
-
-
-def _restore_process_state(state: Dict[str, Any], device: torch.device) -> float:
-    torch.set_rng_state(state['rng'])
-    if device.type == 'cuda' and state.get('cuda_rng') is not None:
-        torch.cuda.set_rng_state(state['cuda_rng'], device)
-    return state['loss_sum']
-
-
 def _evaluates(config: TrainConfig, epoch: int) -> Tuple[bool, bool]:
     """Whether epoch ``epoch`` (1-based) ends with a test of the weights, and of the EMA: every ``--eval-every``
     epochs and after the last; the EMA with ``--eval-ema``, else after the last epoch only."""
@@ -232,175 +218,216 @@ def _evaluates(config: TrainConfig, epoch: int) -> Tuple[bool, bool]:
     return weights, bool(config.model_ema) and (last or (weights and config.eval_ema))
 
 
-def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> Dict[str, Any]:
-    from timm.loss import LabelSmoothingCrossEntropy
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import create_scheduler_v2
-    from timm.utils import ModelEmaV3
+class _Run:
+    """This process's share of a training run: the model with its optimizer, scheduler, EMA and gradient scaler,
+    where the run stands (epoch, step, the epoch's loss so far, the log), and what moves it on: a step, the end of an
+    epoch, a checkpoint (rank 0 writes it, with every process's random state)."""
 
-    ckpt_path, log_path = os.path.join(config.output, CHECKPOINT), os.path.join(config.output, LOG)
+    def __init__(self, config: TrainConfig, run_config: Dict[str, Any], device: torch.device, rank: int, world: int,
+                 steps_per_epoch: int):
+        from timm.loss import LabelSmoothingCrossEntropy
+        from timm.optim import create_optimizer_v2
+        from timm.scheduler import create_scheduler_v2
+        from timm.utils import ModelEmaV3
+
+        self.config, self.run_config, self.device, self.rank, self.world = config, run_config, device, rank, world
+        self.ckpt_path, self.log_path = os.path.join(config.output, CHECKPOINT), os.path.join(config.output, LOG)
+        self.runtime = {k: getattr(config, k) for k in RUNTIME_KEYS}
+        self.steps_per_epoch = steps_per_epoch
+        # seeds torch's RNG for the whole run; a resumed run's checkpoint replaces the weights, so no warm start to load
+        model = initial_model(run_config, warm_start=not os.path.isfile(self.ckpt_path))
+        if rank:  # each process its own dropout masks; rank 0 draws as a single process does
+            torch.manual_seed(config.seed * 1_000_003 + rank)
+        model = model.to(device)
+        self.model = model.to(memory_format=torch.channels_last) if config.channels_last else model
+        self.mean, self.std = (torch.tensor(model.pretrained_cfg[k], device=device) for k in ('mean', 'std'))
+        self.optimizer = create_optimizer_v2(model, config.opt, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler, _ = create_scheduler_v2(
+            self.optimizer, config.sched, num_epochs=config.epochs, warmup_epochs=config.warmup_epochs,
+            min_lr=config.min_lr, step_on_epochs=False, updates_per_epoch=steps_per_epoch)
+        self.ema = ModelEmaV3(model, decay=config.model_ema_decay) if config.model_ema and rank == 0 else None
+        self.criterion = LabelSmoothingCrossEntropy(config.smoothing) if config.smoothing > 0 else nn.CrossEntropyLoss()
+        self.amp_dtype = AMP_DTYPES[config.amp]
+        self.grad_scaler = torch.amp.GradScaler(device.type) if config.amp == 'fp16' else None
+        self.epoch, self.step_in_epoch, self.global_step, self.loss_images = 0, 0, 0, 0
+        # the epoch's loss so far, summed on the device: reading it makes the host wait for the device
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.log: List[Dict[str, Any]] = []
+
+    def resume_or_start(self) -> None:
+        """Load the output folder's checkpoint where there is one (refused where it is another run's or diverged),
+        else start at step 0."""
+        if not os.path.isfile(self.ckpt_path):
+            if os.path.isfile(self.log_path):
+                raise FileExistsError(f'{self.log_path!r} exists without a checkpoint beside it: it is the log of '
+                                      f'another run. Move it away or pass another --output')
+            self.scheduler.step_update(0)
+            return
+        if self.config.no_resume:
+            raise FileExistsError(f'{self.ckpt_path!r} exists and --no-resume was given')
+        state = read_checkpoint(self.ckpt_path)
+        check_resumable(state['config'], self.run_config, self.ckpt_path)
+        self.log = logged_epochs(state, self.log_path)
+        problem = _non_finite(dict(state, log=self.log))
+        if problem:  # saved by a trainer from before the divergence check
+            raise FloatingPointError(f'{self.ckpt_path!r} holds {problem}: it was saved after the run diverged; '
+                                     f'{DIVERGED_FIX}')
+        self.model.load_state_dict(state['model'])
+        self.optimizer.load_state_dict(state['optimizer'])
+        self.scheduler.load_state_dict(state['scheduler'])
+        if self.ema is not None:
+            self.ema.load_state_dict(state['ema'])
+        if self.grad_scaler is not None and state.get('scaler') is not None:
+            self.grad_scaler.load_state_dict(state['scaler'])
+        # a checkpoint from before it kept one state per process was written by a single process
+        processes = state.get('processes') or [dict(rng=state['rng'], loss_sum=state.get('loss_sum', 0.))]
+        own = processes[self.rank]
+        torch.set_rng_state(own['rng'])
+        if self.device.type == 'cuda' and own.get('cuda_rng') is not None:
+            torch.cuda.set_rng_state(own['cuda_rng'], self.device)
+        self.loss_sum.fill_(own['loss_sum'])
+        self.epoch, self.step_in_epoch, self.global_step = state['epoch'], state['step_in_epoch'], state['global_step']
+        self.loss_images = state.get('loss_images', 0)
+        if self.rank == 0:
+            write_log(self.log, self.log_path)  # a kill between the checkpoint's rename and the log's left it short
+            _note_runtime_change(state.get('runtime'), self.runtime)
+            print(f'resumed {self.ckpt_path}: {self.epoch} epochs and {self.step_in_epoch} steps done')
+
+    def step(self, forward: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """One optimizer step on a batch (``forward``: the model as it trains, parallel or compiled); the loss is
+        added to the epoch's on the device, not read."""
+        x = normalize(images, self.mean, self.std)
+        if self.config.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            loss = self.criterion(forward(x), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(loss).backward()
+            self.grad_scaler.unscale_(self.optimizer)
+        else:
+            loss.backward()
+        if self.config.clip_grad:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_grad)
+        if self.grad_scaler is not None:
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            self.optimizer.step()
+        self.global_step += 1
+        self.step_in_epoch += 1
+        self.scheduler.step_update(self.global_step)
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+        self.loss_sum.add_(loss.detach(), alpha=labels.shape[0])
+        self.loss_images += self.config.batch_size
+
+    def progress(self, stop_requested: bool) -> Tuple[float, bool]:
+        """The epoch's mean training loss so far, over all processes, and whether any process was asked to stop. The
+        host waits for the device here, so the loop calls it only every --log-interval steps."""
+        flags = torch.stack([self.loss_sum, torch.full_like(self.loss_sum, float(stop_requested))])
+        total, stops = _sum_over_processes(flags, self.world).tolist()
+        return total / max(self.loss_images, 1), stops > 0
+
+    def end_epoch(self, entry: Dict[str, Any], test_x: torch.Tensor, test_y: torch.Tensor) -> Dict[str, Any]:
+        """The epoch's log ``entry`` with the tests it is due (rank 0 runs them), logged, and the run at the next
+        epoch; refused before it counts if anything in it is not finite."""
+        test_weights, test_ema = _evaluates(self.config, self.epoch + 1)
+        if self.rank == 0 and test_weights:
+            entry.update({f'test_{k}': v for k, v in evaluate(self.model, test_x, test_y).items()})
+        if self.rank == 0 and test_ema:
+            entry.update({f'ema_test_{k}': v for k, v in evaluate(self.ema.module, test_x, test_y).items()})
+        entry.update(self.runtime)
+        _refuse_non_finite(entry, f'epoch {self.epoch + 1}', self.ckpt_path)
+        self.log.append(entry)
+        self.epoch, self.step_in_epoch, self.loss_images = self.epoch + 1, 0, 0
+        self.loss_sum.zero_()
+        return entry
+
+    def save(self, when: str) -> None:
+        """The checkpoint, written by rank 0 with every process's random state and loss share; ``when`` (a point of
+        the run) names it if it is refused as not finite."""
+        processes = _gather(self._process_state(), self.world)
+        if self.rank != 0:
+            return
+        state = dict(
+            config=self.run_config, epoch=self.epoch, step_in_epoch=self.step_in_epoch, global_step=self.global_step,
+            steps_per_epoch=self.steps_per_epoch, loss_images=self.loss_images, model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
+            ema=self.ema.state_dict() if self.ema is not None else None,
+            scaler=self.grad_scaler.state_dict() if self.grad_scaler is not None else None,
+            processes=processes, runtime=self.runtime, log=self.log)
+        _refuse_non_finite(state, when, self.ckpt_path)
+        save_checkpoint(self.config.output, state)
+
+    def _process_state(self) -> Dict[str, Any]:
+        # what differs between the processes of a run: their RNG streams (dropout; the CUDA one too, which a compiled
+        # model's dropout draws from) and their share of the epoch's training loss so far
+        return dict(rng=torch.get_rng_state(), loss_sum=self.loss_sum.item(),
+                    cuda_rng=torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None)
+
+
+def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> Dict[str, Any]:
     train_x, train_y, test_x, test_y = _load_data(config)
     run_config = config.run_config(
         dict(train_data=_data_digest(train_x, train_y), test_data=_data_digest(test_x, test_y)), world)
     # the whole data set lives on the device: batches are picked and augmented there (EpochBatches)
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
-    runtime = {k: getattr(config, k) for k in RUNTIME_KEYS}
 
-    # seeds torch's RNG for the whole run; a resumed run's checkpoint replaces the weights, so no warm start to load
-    model = initial_model(run_config, warm_start=not os.path.isfile(ckpt_path))
-    if rank:  # each process its own dropout masks; rank 0 draws as a single process does
-        torch.manual_seed(config.seed * 1_000_003 + rank)
-    model = model.to(device)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    mean, std = (torch.tensor(model.pretrained_cfg[k], device=device) for k in ('mean', 'std'))
-    batches = EpochBatches(train_x, train_y, config.batch_size, config.seed, 0, rank=rank, world_size=world)
-    steps_per_epoch = len(batches)
+    def epoch_batches(epoch: int) -> EpochBatches:
+        return EpochBatches(train_x, train_y, config.batch_size, config.seed, epoch, rank=rank, world_size=world)
+
+    steps_per_epoch = len(epoch_batches(0))
     if steps_per_epoch == 0:
         raise ValueError(f'{train_y.shape[0]} training images make no batch of {config.batch_size}')
-    optimizer = create_optimizer_v2(model, config.opt, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler, _ = create_scheduler_v2(
-        optimizer, config.sched, num_epochs=config.epochs, warmup_epochs=config.warmup_epochs, min_lr=config.min_lr,
-        step_on_epochs=False, updates_per_epoch=steps_per_epoch)
-    ema = ModelEmaV3(model, decay=config.model_ema_decay) if config.model_ema and rank == 0 else None
-    criterion = LabelSmoothingCrossEntropy(config.smoothing) if config.smoothing > 0 else nn.CrossEntropyLoss()
-    amp_dtype = AMP_DTYPES[config.amp]
-    grad_scaler = torch.amp.GradScaler(device.type) if config.amp == 'fp16' else None
-
-    epoch, step_in_epoch, global_step, log = 0, 0, 0, []
-    # the epoch's loss so far, summed on the device: reading it makes the host wait for the device
-    loss_sum, loss_images = torch.zeros((), dtype=torch.float64, device=device), 0
-    if os.path.isfile(ckpt_path):
-        if config.no_resume:
-            raise FileExistsError(f'{ckpt_path!r} exists and --no-resume was given')
-        state = read_checkpoint(ckpt_path)
-        check_resumable(state['config'], run_config, ckpt_path)
-        log = logged_epochs(state, log_path)
-        problem = _non_finite(dict(state, log=log))
-        if problem:  # saved by a trainer from before the divergence check
-            raise FloatingPointError(f'{ckpt_path!r} holds {problem}: it was saved after the run diverged; '
-                                     f'{DIVERGED_FIX}')
-        model.load_state_dict(state['model'])
-        optimizer.load_state_dict(state['optimizer'])
-        scheduler.load_state_dict(state['scheduler'])
-        if ema is not None:
-            ema.load_state_dict(state['ema'])
-        if grad_scaler is not None and state.get('scaler') is not None:
-            grad_scaler.load_state_dict(state['scaler'])
-        # a checkpoint from before it kept one state per process was written by a single process
-        processes = state.get('processes') or [dict(rng=state['rng'], loss_sum=state.get('loss_sum', 0.))]
-        loss_sum.fill_(_restore_process_state(processes[rank], device))
-        epoch, step_in_epoch, global_step = state['epoch'], state['step_in_epoch'], state['global_step']
-        loss_images = state.get('loss_images', 0)
-        if rank == 0:
-            write_log(log, log_path)  # a kill between the checkpoint's rename and the log's left the log a line short
-            _note_runtime_change(state.get('runtime'), runtime)
-            print(f'resumed {ckpt_path}: {epoch} epochs and {step_in_epoch} steps done')
-    elif os.path.isfile(log_path):
-        raise FileExistsError(f'{log_path!r} exists without a checkpoint beside it: it is the log of another run. Move '
-                              f'it away or pass another --output')
-    else:
-        scheduler.step_update(0)
-    forward = model
+    run = _Run(config, run_config, device, rank, world, steps_per_epoch)
+    run.resume_or_start()
+    forward = run.model
     if world > 1:
-        forward = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == 'cuda' else None)
+        forward = nn.parallel.DistributedDataParallel(forward, device_ids=[device] if device.type == 'cuda' else None)
     if config.compile:
         forward = torch.compile(forward)
 
-    def save(when: str) -> None:
-        processes = _gather(_process_state(device, loss_sum), world)
-        if rank != 0:
-            return
-        state = dict(
-            config=run_config, epoch=epoch, step_in_epoch=step_in_epoch, global_step=global_step,
-            steps_per_epoch=steps_per_epoch, loss_images=loss_images, model=model.state_dict(),
-            optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-            ema=ema.state_dict() if ema is not None else None,
-            scaler=grad_scaler.state_dict() if grad_scaler is not None else None,
-            processes=processes, runtime=runtime, log=log)
-        _refuse_non_finite(state, when, ckpt_path)
-        save_checkpoint(config.output, state)
-
-    def progress(stop_requested: bool) -> Tuple[float, bool]:
-        """The epoch's mean training loss so far, over all processes, and whether any process was asked to stop. The
-        host waits for the device here, so a step calls it only every --log-interval steps."""
-        flags = torch.stack([loss_sum, torch.full_like(loss_sum, float(stop_requested))])
-        total, stops = _sum_over_processes(flags, world).tolist()
-        return total / max(loss_images, 1), stops > 0
-
     stop = _StopFlag()
-    result: Dict[str, Any] = dict(stopped=False, epoch=epoch)
+    result: Dict[str, Any] = dict(stopped=False, epoch=run.epoch)
     try:
-        while epoch < config.epochs:
-            model.train()
-            batches = EpochBatches(train_x, train_y, config.batch_size, config.seed, epoch, rank=rank, world_size=world)
-            bar = tqdm(total=len(batches), initial=step_in_epoch, desc=f'epoch {epoch + 1}/{config.epochs}',
+        while run.epoch < config.epochs:
+            run.model.train()
+            batches = epoch_batches(run.epoch)
+            bar = tqdm(total=len(batches), initial=run.step_in_epoch, desc=f'epoch {run.epoch + 1}/{config.epochs}',
                        unit='batch', dynamic_ncols=True, disable=rank != 0)
             seen, start, stop_agreed = 0, time.perf_counter(), False
-            for images, labels in batches.iterate(step_in_epoch):
-                x = normalize(images, mean, std)
-                if config.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss = criterion(forward(x), labels)
-                optimizer.zero_grad(set_to_none=True)
-                if grad_scaler is not None:
-                    grad_scaler.scale(loss).backward()
-                    grad_scaler.unscale_(optimizer)
-                else:
-                    loss.backward()
-                if config.clip_grad:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.clip_grad)
-                if grad_scaler is not None:
-                    grad_scaler.step(optimizer)
-                    grad_scaler.update()
-                else:
-                    optimizer.step()
-                global_step += 1
-                step_in_epoch += 1
-                scheduler.step_update(global_step)
-                if ema is not None:
-                    ema.update(model, step=global_step)
-                loss_sum.add_(loss.detach(), alpha=labels.shape[0])
-                loss_images += config.batch_size
+            for images, labels in batches.iterate(run.step_in_epoch):
+                run.step(forward, images, labels)
                 seen += config.batch_size
                 bar.update()
-                if global_step % config.log_interval == 0:
-                    mean_loss, stop_agreed = progress(stop.requested)
-                    _refuse_non_finite({'the training loss': mean_loss}, f'epoch {epoch + 1} by step {step_in_epoch}',
-                                       ckpt_path)
+                if run.global_step % config.log_interval == 0:
+                    mean_loss, stop_agreed = run.progress(stop.requested)
+                    _refuse_non_finite({'the training loss': mean_loss},
+                                       f'epoch {run.epoch + 1} by step {run.step_in_epoch}', run.ckpt_path)
                     bar.set_postfix(loss=f'{mean_loss:.3f}', img_s=f'{seen / (time.perf_counter() - start):.0f}',
-                                    lr=f"{optimizer.param_groups[0]['lr']:.2e}")
+                                    lr=f"{run.optimizer.param_groups[0]['lr']:.2e}")
                 # processes stop together: a single one at the next step, those of torchrun when they agreed above
                 stopping = stop.requested if world == 1 else stop_agreed
-                if stopping or (config.max_steps and global_step >= config.max_steps):
+                if stopping or (config.max_steps and run.global_step >= config.max_steps):
                     bar.close()
-                    save(f'epoch {epoch + 1}, step {step_in_epoch}')
+                    run.save(f'epoch {run.epoch + 1}, step {run.step_in_epoch}')
                     if rank == 0:
-                        print(f'stopped with {epoch} epochs and {step_in_epoch} steps done: checkpoint {ckpt_path}; '
-                              f'run the same command to resume')
-                    result.update(stopped=True, epoch=epoch, step_in_epoch=step_in_epoch)
+                        print(f'stopped with {run.epoch} epochs and {run.step_in_epoch} steps done: checkpoint '
+                              f'{run.ckpt_path}; run the same command to resume')
+                    result.update(stopped=True, epoch=run.epoch, step_in_epoch=run.step_in_epoch)
                     return result
             bar.close()
-            train_loss, _ = progress(False)  # waits for the epoch's steps, so the time below is theirs
+            train_loss, _ = run.progress(False)  # waits for the epoch's steps, so the time below is theirs
             seconds = time.perf_counter() - start
-            entry = dict(epoch=epoch + 1, global_step=global_step, train_loss=train_loss,
-                         lr=optimizer.param_groups[0]['lr'], train_img_s=seen / seconds, epoch_seconds=seconds)
-            test_weights, test_ema = _evaluates(config, epoch + 1)
-            if rank == 0 and test_weights:
-                entry.update({f'test_{k}': v for k, v in evaluate(model, test_x, test_y).items()})
-            if rank == 0 and test_ema:
-                entry.update({f'ema_test_{k}': v for k, v in evaluate(ema.module, test_x, test_y).items()})
-            entry.update(runtime)
-            _refuse_non_finite(entry, f'epoch {epoch + 1}', ckpt_path)
-            log.append(entry)
-            epoch, step_in_epoch, loss_images = epoch + 1, 0, 0
-            loss_sum.zero_()
-            save(f'epoch {epoch}')
+            entry = run.end_epoch(dict(epoch=run.epoch + 1, global_step=run.global_step, train_loss=train_loss,
+                                       lr=run.optimizer.param_groups[0]['lr'], train_img_s=seen / seconds,
+                                       epoch_seconds=seconds), test_x, test_y)
+            run.save(f'epoch {run.epoch}')
             if rank == 0:
                 print(json.dumps(entry))
             result.update(entry)
-        result['epoch'] = epoch
+        result['epoch'] = run.epoch
         return result
     finally:
         stop.restore()
