@@ -176,6 +176,51 @@ def test_every_evolution_layout_gives_the_default_results_on_the_device(name, la
     _assert_same_results(_logits_and_grads(variant, x, forward), default, f'{name}, {layout}')
 
 
+# one rounding step of each dtype's results (cuDNN and the kernel sum in other orders)
+EVOLUTION_KERNEL_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+                        torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+
+
+@pytest.mark.parametrize('dtype', list(EVOLUTION_KERNEL_TOL))
+def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype):
+    # the maps of EA-DeiT-S (6 heads, 197 tokens) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens), r and c as
+    # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16
+    if DEVICE.type != 'cuda':
+        pytest.skip('the Triton kernel runs on CUDA')
+    from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
+    from timm_attnconv.layers.evolving import _evolve
+    torch.manual_seed(0)
+    for heads, tokens, residual, conv_weight in ((6, 197, 0.5, 1.0), (8, 196, 0.5, 1.0), (8, 49, 0.3, 0.6)):
+        logits, prev = (3 * torch.randn(2, 8, heads, tokens, tokens, device=DEVICE)).to(dtype).unbind(0)
+        weight, bias = 0.3 * torch.randn(heads, heads, 3, 3, device=DEVICE), torch.randn(heads, device=DEVICE)
+        with torch.no_grad():
+            assert fused_evolution_unsupported_reason(logits, prev, weight) is None
+            out = fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+            expected = _evolve(logits, prev, weight, bias, residual, conv_weight, 1, 'channels_last')
+        torch.testing.assert_close(out, expected, **EVOLUTION_KERNEL_TOL[dtype])
+
+
+@pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
+def test_the_triton_evolution_layout_gives_the_default_logits_at_inference(name, monkeypatch):
+    if DEVICE.type != 'cuda':
+        pytest.skip('the Triton kernel runs on CUDA')
+    from timm_attnconv.layers import evolving
+    fused_evolve, calls = evolving.fused_evolve, []
+
+    def counting(*args):
+        calls.append(1)
+        return fused_evolve(*args)
+    monkeypatch.setattr(evolving, 'fused_evolve', counting)
+    model, x = _small(name)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    variant = set_evolution_layout(copy.deepcopy(model), 'triton')
+    with torch.inference_mode():
+        _assert_near(variant(x), model(x), f'{name}, triton, fp32')
+        assert calls, 'the Triton kernel did not run'
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            _assert_near(variant(x).float(), model(x).float(), f'{name}, triton, bf16', 2e-2)
+
+
 @pytest.mark.parametrize('name', COMPILED)
 def test_a_compiled_model_gives_the_eager_results_and_trains(name):
     model, x = _small(name, batch=4)

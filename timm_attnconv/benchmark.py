@@ -34,8 +34,9 @@ img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a
 (FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts``
 times an evolving-attention model with the convolution over its attention maps in channels_last (the default,
 measured faster on CPU), in NCHW memory format, channels_last with the heads zero-padded to 8 channels and as shifted
-multiply-adds that inductor fuses into one kernel (``timm_attnconv.layers.set_evolution_layout``; or those named),
-likewise (with ``--train``, their training steps).
+multiply-adds that inductor fuses into one kernel, and the whole update as one Triton kernel (inference on CUDA; the
+default elsewhere) (``timm_attnconv.layers.set_evolution_layout``; or those named), likewise (with ``--train``, their
+training steps).
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -680,7 +681,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='instead: inference of --models (evolving-attention models) with the convolution over '
                              'their attention maps in each of these layouts (default: all, channels_last first: '
                              'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
-                             'channels, shifted multiply-adds fused into one kernel); speed is relative to the first')
+                             'channels, shifted multiply-adds fused into one kernel, the update as one Triton '
+                             'kernel at inference on CUDA); speed is relative to the first')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')

@@ -34,14 +34,16 @@ from torch.utils.checkpoint import checkpoint
 from .attention_interface import AttentionLayer
 from .attention_kernels import attention_probs, compile_failure_cause, run_compiled_alone
 from .augmented_conv import AAConv2d
+from .evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
 from .forward_errors import raise_value_error
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
 # how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: three memory formats of
-# F.conv2d, and 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps
-EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded', 'shifted_sum')
+# F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps, and 'triton',
+# the whole update in one Triton kernel where it can run (inference on CUDA, evolution_kernel.py)
+EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -80,10 +82,16 @@ class AttentionEvolution(nn.Module):
         # a Python int, also under torch.jit.trace (fvcore), where torch 2.8 passed one derived from the traced
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
-        if self.conv_layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
+        layout = self.conv_layout
+        if layout == 'triton':
+            layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
+            if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
+                if fused_evolution_unsupported_reason(logits, prev, weight) is None:
+                    return fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+        if layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
             # an eager model: the update compiled alone (a compiled model's graph takes it in, fused there)
             return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
-        return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, self.conv_layout)
+        return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -204,10 +212,12 @@ def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'``, ``'channels_last_padded'`` (the
     heads zero-padded to a multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of
     shifted maps, which inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an
-    eager model compiled alone, once per map shape). The same results; the faster layout depends on the device, the
+    eager model compiled alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton
+    kernel that reads each map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a
+    compiled graph, elsewhere ``'channels_last'``). The same results; the faster layout depends on the device, the
     number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager, with 4 heads
-    (EA-AA-ResNet-20: 1.28×); on an H100 they lost to the default on EA-DeiT-S (0.77× eager, 0.62× compiled).
-    Returns ``model``."""
+    (EA-AA-ResNet-20: 1.28×); on an H100 they lost to the default on EA-DeiT-S (0.77× eager, 0.62× compiled). The
+    Triton kernel has not run on a GPU yet. Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():

@@ -1,0 +1,130 @@
+"""EA's update as one Triton kernel (``layers/evolution_kernel.py``), checked on the CPU through Triton's interpreter
+against the reference update; ``tests/test_cuda.py`` checks it on a GPU.
+
+Triton reads ``TRITON_INTERPRET`` when it is first imported, and this test process has imported it before (torch's
+compiler does), so the kernel runs in one child process started with the setting; the reference runs here.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from timm_attnconv.layers import AttentionEvolution, evolving, set_evolution_layout
+from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
+
+# the child: every case through the kernel, and a layer set to 'triton' under no_grad and with a gradient
+INTERPRETED = '''
+import sys
+import torch
+from timm_attnconv.layers import evolving, set_evolution_layout
+from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
+cases, layer, maps = torch.load(sys.argv[1], weights_only=True)
+reasons, outputs = [], []
+with torch.no_grad():
+    for case in cases:
+        args = (case['logits'], case['prev'], case['weight'], case['bias'], case['residual'], case['conv_weight'])
+        reasons.append(fused_evolution_unsupported_reason(*args[:3]))
+        outputs.append(fused_evolve(*args))
+calls = []
+def counting(*args):
+    calls.append(1)
+    return fused_evolve(*args)
+evolving.fused_evolve = counting
+ea = set_evolution_layout(evolving.AttentionEvolution(4, 0.5, 0.8), 'triton')
+ea.load_state_dict(layer)
+with torch.no_grad():
+    inference = ea(*maps)
+with_gradient = ea(maps[0].requires_grad_(), maps[1])
+torch.save(dict(reasons=reasons, outputs=outputs, calls=len(calls), inference=inference,
+                with_gradient=with_gradient.detach()), sys.argv[2])
+'''
+
+# (batch, heads, tokens, kernel size, r, c, bias): heads and keys not powers of two, masked rows of a last block,
+# a 5×5 kernel, both forms of lerp, the mix back to M (c < 1)
+SHAPES = [(2, 6, 20, 3, 0.5, 1.0, True), (3, 3, 7, 5, 0.3, 0.6, False), (1, 8, 9, 3, 0.7, 0.25, True)]
+# fp16 to one rounding step (the sums run in another order); bf16 only as a whole, to 1% (relative norm): the
+# interpreter truncates fp32 to bf16 where a GPU rounds to nearest, so only the GPU checks bf16 closely
+# (tests/test_cuda.py)
+DTYPES = {torch.float32: {}, torch.float16: dict(rtol=2e-3, atol=1e-3), torch.bfloat16: None}
+
+
+def _maps(batch, heads, tokens, dtype, generator):
+    return [3 * torch.randn(batch, heads, tokens, tokens, generator=generator).to(dtype) for _ in range(2)]
+
+
+def _reference(case):
+    weight = case['weight']
+    return evolving._evolve(case['logits'], case['prev'], weight, case['bias'], case['residual'], case['conv_weight'],
+                            weight.shape[-1] // 2, 'nchw')
+
+
+def _cases():
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for batch, heads, tokens, size, residual, conv_weight, has_bias in SHAPES:
+        weight = 0.3 * torch.randn(heads, heads, size, size, generator=generator)
+        bias = torch.randn(heads, generator=generator) if has_bias else None
+        for dtype in DTYPES:
+            logits, prev = _maps(batch, heads, tokens, dtype, generator)
+            cases.append(dict(logits=logits, prev=prev, weight=weight, bias=bias, residual=residual,
+                              conv_weight=conv_weight))
+    # previous logits of another dtype and memory layout, taken as the reference takes them (cast, read as values)
+    logits, prev = _maps(2, 4, 6, torch.float32, generator)
+    cases.append(dict(logits=logits, prev=prev.double().transpose(-1, -2).contiguous().transpose(-1, -2),
+                      weight=0.3 * torch.randn(4, 4, 3, 3, generator=generator), bias=torch.randn(4, generator=generator),
+                      residual=0.5, conv_weight=1.0))
+    return cases
+
+
+def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_only(tmp_path):
+    pytest.importorskip('triton')
+    cases = _cases()
+    torch.manual_seed(0)
+    ea = AttentionEvolution(4, 0.5, 0.8)
+    torch.nn.init.normal_(ea.conv.bias)
+    maps = _maps(2, 4, 10, torch.float32, torch.Generator().manual_seed(1))
+    torch.save((cases, ea.state_dict(), maps), tmp_path / 'in.pt')
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    done = subprocess.run([sys.executable, '-c', INTERPRETED, str(tmp_path / 'in.pt'), str(tmp_path / 'out.pt')],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = torch.load(tmp_path / 'out.pt', weights_only=True)
+
+    assert result['reasons'] == [None] * len(cases)
+    dtypes = [dtype for _ in SHAPES for dtype in DTYPES] + [torch.float32]
+    with torch.no_grad():
+        for case, dtype, out in zip(cases, dtypes, result['outputs']):
+            assert out.dtype == dtype and out.is_contiguous()
+            expected = _reference(case)
+            if DTYPES[dtype] is None:
+                assert (out.float() - expected.float()).norm() < 1e-2 * expected.float().norm()
+            else:
+                torch.testing.assert_close(out, expected, **DTYPES[dtype])
+        expected = ea(*maps)
+    # the kernel ran once, under no_grad: with a gradient the layer took the reference (the kernel has no backward)
+    assert result['calls'] == 1
+    torch.testing.assert_close(result['inference'], expected)
+    torch.testing.assert_close(result['with_gradient'], expected)
+
+
+def test_the_reasons_it_cannot_run():
+    maps, weight = torch.zeros(1, 4, 5, 5), torch.zeros(4, 4, 3, 3)
+    assert 'runs on CUDA (or under TRITON_INTERPRET=1)' in fused_evolution_unsupported_reason(maps, maps, weight)
+    assert 'no backward' in fused_evolution_unsupported_reason(maps, maps, weight.clone().requires_grad_())
+    assert 'odd square kernels' in fused_evolution_unsupported_reason(maps, maps, torch.zeros(4, 4, 2, 2))
+    assert 'takes torch.float32' in fused_evolution_unsupported_reason(maps.double(), maps, weight)
+    wide = torch.empty(1, 8, 2049, 2049, device='meta')  # 4,096 keys (padded) × 8 heads
+    assert '8 heads of 2049 keys do not fit' in fused_evolution_unsupported_reason(wide, wide, torch.zeros(8, 8, 3, 3))
+
+
+def test_the_triton_layout_is_the_default_one_where_the_kernel_cannot_run():
+    torch.manual_seed(0)
+    ea = AttentionEvolution(3, 0.3, 0.6)
+    logits, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        expected = ea(logits, prev)
+        torch.testing.assert_close(set_evolution_layout(ea, 'triton')(logits, prev), expected)  # CPU tensors
+        torch.testing.assert_close(torch.jit.script(ea)(logits, prev), expected)
+        torch.testing.assert_close(torch.compile(ea, backend='eager', fullgraph=True)(logits, prev), expected)

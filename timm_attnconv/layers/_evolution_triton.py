@@ -1,0 +1,48 @@
+"""The Triton kernel of :func:`timm_attnconv.layers.evolution_kernel.fused_evolve` (its docstring says what it
+computes). Imported on first use: Triton reads ``TRITON_INTERPRET`` as the kernels are defined here."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mixed(logits_ptr, prev_ptr, offsets, mask, residual):
+    # M = lerp(S, L_prev, r) in fp32, in torch.lerp's two forms, rounded to the maps' dtype as lerp's output is
+    s = tl.load(logits_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+    p = tl.load(prev_ptr + offsets, mask=mask, other=0.).to(tl.float32)
+    m = tl.where(residual < 0.5, s + residual * (p - s), p - (p - s) * (1. - residual))
+    return m.to(logits_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def evolve(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, residual, conv_weight,
+           HEADS: tl.constexpr, HEADS_P2: tl.constexpr, KSIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
+           KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, MIX_BACK: tl.constexpr):
+    image = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # this program's query rows
+    heads = tl.arange(0, HEADS_P2)
+    keys = tl.arange(0, KEYS)
+    map_size = num_tokens * num_tokens
+    image_start = image.to(tl.int64) * HEADS * map_size
+    acc = tl.zeros((HEADS_P2, BLOCK_Q, KEYS), dtype=tl.float32)  # every output head of these rows
+    for c in range(HEADS):  # input head
+        for i in tl.static_range(KSIZE):
+            src_rows = rows + (i - KSIZE // 2)
+            rows_in = (src_rows >= 0) & (src_rows < num_tokens)
+            for j in tl.static_range(KSIZE):
+                src_keys = keys + (j - KSIZE // 2)
+                inside = rows_in[:, None] & ((src_keys >= 0) & (src_keys < num_tokens))[None, :]
+                offsets = image_start + c * map_size + src_rows[:, None] * num_tokens + src_keys[None, :]
+                m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)  # 0 outside: the zero padding
+                w = tl.load(weight_ptr + heads * (HEADS * KSIZE * KSIZE) + (c * KSIZE + i) * KSIZE + j,
+                            mask=heads < HEADS, other=0.).to(tl.float32)  # weight[:, c, i, j]
+                acc += w[:, None, None] * m[None, :, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + heads, mask=heads < HEADS, other=0.).to(tl.float32)[:, None, None]
+    acc = tl.maximum(acc, 0.)
+    offsets = image_start + heads[:, None, None] * map_size + rows[None, :, None] * num_tokens + keys[None, None, :]
+    inside = (heads < HEADS)[:, None, None] & (rows < num_tokens)[None, :, None] & (keys < num_tokens)[None, None, :]
+    if MIX_BACK:  # c·ReLU(conv) + (1 − c)·M, from ReLU(conv) rounded as the reference's is
+        evolved = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)
+        acc = tl.where(conv_weight < 0.5, m + conv_weight * (evolved - m), evolved - (evolved - m) * (1. - conv_weight))
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=inside)
