@@ -72,9 +72,9 @@ def _cases():
                               conv_weight=conv_weight))
     # previous logits of another dtype and memory layout, taken as the reference takes them (cast, read as values)
     logits, prev = _maps(2, 4, 6, torch.float32, generator)
+    weight, bias = 0.3 * torch.randn(4, 4, 3, 3, generator=generator), torch.randn(4, generator=generator)
     cases.append(dict(logits=logits, prev=prev.double().transpose(-1, -2).contiguous().transpose(-1, -2),
-                      weight=0.3 * torch.randn(4, 4, 3, 3, generator=generator), bias=torch.randn(4, generator=generator),
-                      residual=0.5, conv_weight=1.0))
+                      weight=weight, bias=bias, residual=0.5, conv_weight=1.0))
     return cases
 
 

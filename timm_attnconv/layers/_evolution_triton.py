@@ -30,12 +30,13 @@ def evolve(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, resi
             rows_in = (src_rows >= 0) & (src_rows < num_tokens)
             for j in tl.static_range(KSIZE):
                 src_keys = keys + (j - KSIZE // 2)
-                inside = rows_in[:, None] & ((src_keys >= 0) & (src_keys < num_tokens))[None, :]
-                offsets = image_start + c * map_size + src_rows[:, None] * num_tokens + src_keys[None, :]
+                # (1, BLOCK_Q, KEYS), shaped as a slice of the accumulator: the product broadcasts it in place
+                inside = rows_in[None, :, None] & ((src_keys >= 0) & (src_keys < num_tokens))[None, None, :]
+                offsets = image_start + c * map_size + src_rows[None, :, None] * num_tokens + src_keys[None, None, :]
                 m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)  # 0 outside: the zero padding
                 w = tl.load(weight_ptr + heads * (HEADS * KSIZE * KSIZE) + (c * KSIZE + i) * KSIZE + j,
                             mask=heads < HEADS, other=0.).to(tl.float32)  # weight[:, c, i, j]
-                acc += w[:, None, None] * m[None, :, :]
+                acc += w[:, None, None] * m
     if HAS_BIAS:
         acc += tl.load(bias_ptr + heads, mask=heads < HEADS, other=0.).to(tl.float32)[:, None, None]
     acc = tl.maximum(acc, 0.)
