@@ -7,11 +7,12 @@ compiler does), so the kernel runs in one child process started with the setting
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
-from timm_attnconv.layers import AttentionEvolution, evolving, set_evolution_layout
+from timm_attnconv.layers import AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
 
 # the child: every case through the kernel, and a layer set to 'triton' under no_grad and with a gradient
@@ -19,7 +20,7 @@ INTERPRETED = '''
 import sys
 import torch
 from timm_attnconv.layers import evolving, set_evolution_layout
-from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
+from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve, fused_evolve_or_none
 cases, layer, maps = torch.load(sys.argv[1], weights_only=True)
 reasons, outputs = [], []
 with torch.no_grad():
@@ -29,15 +30,16 @@ with torch.no_grad():
         outputs.append(fused_evolve(*args))
 calls = []
 def counting(*args):
-    calls.append(1)
-    return fused_evolve(*args)
-evolving.fused_evolve = counting
+    evolved = fused_evolve_or_none(*args)
+    calls.append(evolved is not None)
+    return evolved
+evolving.fused_evolve_or_none = counting
 ea = set_evolution_layout(evolving.AttentionEvolution(4, 0.5, 0.8), 'triton')
 ea.load_state_dict(layer)
 with torch.no_grad():
     inference = ea(*maps)
 with_gradient = ea(maps[0].requires_grad_(), maps[1])
-torch.save(dict(reasons=reasons, outputs=outputs, calls=len(calls), inference=inference,
+torch.save(dict(reasons=reasons, outputs=outputs, calls=calls, inference=inference,
                 with_gradient=with_gradient.detach()), sys.argv[2])
 '''
 
@@ -103,8 +105,8 @@ def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_
             else:
                 torch.testing.assert_close(out, expected, **DTYPES[dtype])
         expected = ea(*maps)
-    # the kernel ran once, under no_grad: with a gradient the layer took the reference (the kernel has no backward)
-    assert result['calls'] == 1
+    # the kernel ran under no_grad; with a gradient the layer took the reference (the kernel has no backward)
+    assert result['calls'] == [True, False]
     torch.testing.assert_close(result['inference'], expected)
     torch.testing.assert_close(result['with_gradient'], expected)
 
@@ -128,3 +130,28 @@ def test_the_triton_layout_is_the_default_one_where_the_kernel_cannot_run():
         torch.testing.assert_close(set_evolution_layout(ea, 'triton')(logits, prev), expected)  # CPU tensors
         torch.testing.assert_close(torch.jit.script(ea)(logits, prev), expected)
         torch.testing.assert_close(torch.compile(ea, backend='eager', fullgraph=True)(logits, prev), expected)
+
+
+def test_a_kernel_that_fails_is_said_once_and_the_reference_runs(monkeypatch):
+    # Triton's compiler or the GPU's resources failing for some maps: a warning, the reference update, and no second
+    # try for maps of that kind (each would cost compilations)
+    def failing(*args):
+        raise RuntimeError('out of resource: shared memory, Required: 264192, Hardware limit: 232448\nmore lines')
+    monkeypatch.setattr(evolution_kernel, '_interpreting', lambda: True)  # past the device check on CPU tensors
+    monkeypatch.setattr(evolution_kernel, 'fused_evolve', failing)
+    monkeypatch.setattr(evolution_kernel, '_FAILURES', {})
+    torch.manual_seed(0)
+    ea = AttentionEvolution(3, 0.3, 0.6)
+    logits, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        expected = ea(logits, prev)
+        set_evolution_layout(ea, 'triton')
+        with pytest.warns(UserWarning, match=r"'triton' evolution layout failed on cpu for 3 heads of 6 keys in "
+                                             r"torch.float32 \(RuntimeError: out of resource: shared memory, "
+                                             r"Required: 264192, Hardware limit: 232448\); .* 'channels_last'"):
+            torch.testing.assert_close(ea(logits, prev), expected)
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            torch.testing.assert_close(ea(logits, prev), expected)
+        assert 'failed for such maps before (RuntimeError: out of resource' in \
+            fused_evolution_unsupported_reason(logits, prev, ea.conv.weight)

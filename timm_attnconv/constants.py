@@ -1,8 +1,9 @@
-"""Values several modules must agree on: data statistics, class names, file names of runs and weights, AMP dtypes."""
+"""Values several modules must agree on: data statistics, class names, file names of runs and weights, AMP dtypes, the
+register budget of the Triton kernel of evolving attention."""
 import torch
 
 __all__ = ['CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'CHECKPOINT', 'LOG',
-           'RUN_CONFIG', 'WEIGHTS_FILE', 'WEIGHTS_FILES', 'CONFIG_FILE', 'AMP_DTYPES']
+           'RUN_CONFIG', 'WEIGHTS_FILE', 'WEIGHTS_FILES', 'CONFIG_FILE', 'AMP_DTYPES', 'EVOLUTION_KERNEL_ACCUMULATORS']
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 # the Normalize of Cordonnier et al.'s training code (epfml/attention-cnn train.py), not the exact pixel std; the
@@ -24,3 +25,8 @@ CONFIG_FILE = 'config.json'  # timm's model config (architecture, pretrained cfg
 
 # --amp of the command-line tools
 AMP_DTYPES = {'none': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+# fp32 accumulators one program of the Triton evolution kernel holds (layers/evolution_kernel.py: output heads × query
+# rows × keys, padded to powers of two): 8,192 are 64 registers a thread in 4 warps. The interpreter takes this many;
+# on CUDA the autotuner tries half to twice as many (layers/_evolution_triton.py), maps needing more are not taken
+EVOLUTION_KERNEL_ACCUMULATORS = 8192

@@ -3,6 +3,8 @@ computes). Imported on first use: Triton reads ``TRITON_INTERPRET`` as the kerne
 import triton
 import triton.language as tl
 
+from ..constants import EVOLUTION_KERNEL_ACCUMULATORS as ACCUMULATORS
+
 
 @triton.jit
 def _mixed(logits_ptr, prev_ptr, offsets, mask, residual):
@@ -47,3 +49,22 @@ def evolve(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, resi
         m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)
         acc = tl.where(conv_weight < 0.5, m + conv_weight * (evolved - m), evolved - (evolved - m) * (1. - conv_weight))
     tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def _within_registers(configs, named_args, **kwargs):
+    # blocks of query rows that give a program half to twice ACCUMULATORS accumulators (the smallest maps: the most
+    # rows there is a configuration for)
+    shapes = dict(named_args, **kwargs)
+    per_row = shapes['HEADS_P2'] * shapes['KEYS']
+    fitting = [config for config in configs
+               if ACCUMULATORS // 2 <= per_row * config.kwargs['BLOCK_Q'] <= 2 * ACCUMULATORS]
+    return fitting or [config for config in configs if config.kwargs['BLOCK_Q'] == configs[-1].kwargs['BLOCK_Q']]
+
+
+# On CUDA the block of query rows and the warps are timed once per map shape and dtype, at the first call: the fastest
+# of the configurations whose accumulators fit (not measured yet which one wins where, BENCHMARK.md)
+evolve_autotuned = triton.autotune(
+    configs=[triton.Config({'BLOCK_Q': rows}, num_warps=warps) for rows in (1, 2, 4, 8, 16, 32, 64)
+             for warps in (4, 8)],
+    key=['HEADS', 'KEYS', 'KSIZE', 'HAS_BIAS', 'MIX_BACK'],
+    prune_configs_by={'early_config_prune': _within_registers})(evolve)

@@ -3,32 +3,37 @@
 The reference update (:func:`~timm_attnconv.layers.evolving.AttentionEvolution`, layout ``'channels_last'``) makes
 separate passes over the ``(B, H, N, N)`` maps: the residual mix, a copy into channels_last, cuDNN's 3×3 convolution
 over few channels (which cuDNN pads to 8), its bias, the ReLU, a copy back. On a GPU those passes were most of what EA
-adds to its base model (BENCHMARK.md's op profiles: 12.6 of EA-DeiT-S's 22.3 ms per batch, where DeiT-S takes 6.5).
+adds to its base model (BENCHMARK.md's op profiles: 12.7 of EA-DeiT-S's 22.3 ms per batch, where DeiT-S takes 6.5).
 This kernel reads ``S`` and ``L_prev`` once and writes ``L`` once. Each program takes ``BLOCK_Q`` query rows of one
 image with every key and every head: it forms the mixed maps ``M`` as it loads them (the rows next to its own too, the
 convolution's zero-padded halo), accumulates all output heads in fp32, adds the bias, applies the ReLU (and the
 ``c``-weighted mix back to ``M``) and rounds once. ``M`` and the convolution's output are rounded to the maps' dtype
 where the reference rounds them, and the weights are cast to it as the reference casts them.
 
-Forward only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` sends every call that needs
-a gradient (training), and calls inside a compiled graph (inductor lowers the reference there), to the reference.
-``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
+On CUDA, Triton's autotuner picks the block of query rows and the warps once per map shape and dtype, at the first
+call. Forward only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` sends
+every call that needs a gradient (training), and calls inside a compiled graph (inductor lowers the reference there),
+to the reference; so does :func:`fused_evolve_or_none` for maps whose kernel failed to build or run, once, with a
+warning. ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
 without a GPU.
 """
 import importlib.util
 import os
-from typing import Optional
+import warnings
+from typing import Dict, Optional, Tuple
 
 import torch
 
-__all__ = ['fused_evolution_unsupported_reason', 'fused_evolve']
+from ..constants import EVOLUTION_KERNEL_ACCUMULATORS
+
+__all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none']
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# fp32 accumulators one program holds: output heads (padded to a power of two) × query rows × keys (padded likewise).
-# 8,192 are 64 registers a thread in 4 warps; the largest maps (KEYS · heads up to 16,384) take 8 warps
-_ACCUMULATORS = 8192
-_MAX_ACCUMULATORS = 16384
+_MAX_ACCUMULATORS = 2 * EVOLUTION_KERNEL_ACCUMULATORS
 _MAX_HEADS = 16
+# (device type, dtype, heads, keys) → why the kernel failed for such maps: each try costs compilations, so none is
+# made twice
+_FAILURES: Dict[Tuple[str, torch.dtype, int, int], str] = {}
 
 
 def _interpreting() -> bool:
@@ -37,6 +42,10 @@ def _interpreting() -> bool:
 
 def _next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+def _maps_key(logits: torch.Tensor) -> Tuple[str, torch.dtype, int, int]:
+    return logits.device.type, logits.dtype, logits.shape[1], logits.shape[-1]
 
 
 def fused_evolution_unsupported_reason(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor
@@ -58,6 +67,9 @@ def fused_evolution_unsupported_reason(logits: torch.Tensor, prev: torch.Tensor,
         return 'Triton is not installed'
     if logits.device.type != 'cuda' and not _interpreting():
         return f'the maps are on {logits.device.type}: the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1)'
+    failed = _FAILURES.get(_maps_key(logits))
+    if failed:
+        return f'the kernel failed for such maps before ({failed})'
     return None
 
 
@@ -67,6 +79,7 @@ def fused_evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor,
     convolution ``(weight, bias)`` (zero padding, the same size out), in one kernel. ``logits`` (``S``) and
     ``prev``: ``(B, H, N, N)``; returns ``L`` contiguous in the dtype of ``logits``. Check
     :func:`fused_evolution_unsupported_reason` first."""
+    from . import _evolution_triton  # on first use: the package imports without Triton
     batch, heads, num_tokens, _ = logits.shape
     dtype = logits.dtype
     logits, prev = logits.contiguous(), prev.to(dtype).contiguous()
@@ -75,11 +88,32 @@ def fused_evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor,
     bias = bias.to(dtype).contiguous() if bias is not None else weight  # without one, a pointer the kernel ignores
     out = torch.empty_like(logits)
     heads_p2, keys = _next_power_of_2(heads), _next_power_of_2(num_tokens)
-    block_q = max(1, _ACCUMULATORS // (heads_p2 * keys))
-    grid = (batch, -(-num_tokens // block_q))
-    from . import _evolution_triton  # on first use: the package imports without Triton
-    _evolution_triton.evolve[grid](logits, prev, weight, bias, out, num_tokens, float(residual), float(conv_weight),
-                    HEADS=heads, HEADS_P2=heads_p2, KSIZE=weight.shape[-1], BLOCK_Q=block_q, KEYS=keys,
-                    HAS_BIAS=has_bias, MIX_BACK=conv_weight != 1.,
-                    num_warps=4 if heads_p2 * block_q * keys <= _ACCUMULATORS else 8)
+    args = (logits, prev, weight, bias, out, num_tokens, float(residual), float(conv_weight))
+    shapes = dict(HEADS=heads, HEADS_P2=heads_p2, KSIZE=weight.shape[-1], KEYS=keys, HAS_BIAS=has_bias,
+                  MIX_BACK=conv_weight != 1.)
+    if _interpreting():  # the interpreter cannot time configurations: the middle one of the autotuner's
+        block_q = max(1, EVOLUTION_KERNEL_ACCUMULATORS // (heads_p2 * keys))
+        _evolution_triton.evolve[(batch, -(-num_tokens // block_q))](*args, **shapes, BLOCK_Q=block_q, num_warps=4)
+    else:
+        _evolution_triton.evolve_autotuned[lambda meta: (batch, -(-num_tokens // meta['BLOCK_Q']))](*args, **shapes)
     return out
+
+
+def fused_evolve_or_none(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                         residual: float, conv_weight: float) -> Optional[torch.Tensor]:
+    """:func:`fused_evolve` where it can run, else ``None`` (the caller runs the reference). A kernel that fails to
+    build or launch for some maps (Triton's compiler, the GPU's resources) is remembered and said once, with a
+    warning; the device running out of memory is raised."""
+    if fused_evolution_unsupported_reason(logits, prev, weight) is not None:
+        return None
+    try:
+        return fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+    except torch.OutOfMemoryError:
+        raise  # the device is full, which the reference does not mend
+    except Exception as error:  # Triton's compilation and resource errors have no common base across its releases
+        key = _maps_key(logits)
+        _FAILURES[key] = f'{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error) else ""}'
+        warnings.warn(f"the 'triton' evolution layout failed on {key[0]} for {key[2]} heads of {key[3]} keys in "
+                      f"{key[1]} ({_FAILURES[key]}); such maps take the 'channels_last' layout (the same update)",
+                      stacklevel=3)
+        return None

@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention_interface import AttentionLayer
 from .attention_kernels import attention_probs, compile_failure_cause, run_compiled_alone
 from .augmented_conv import AAConv2d
-from .evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
+from .evolution_kernel import fused_evolve_or_none
 from .forward_errors import raise_value_error
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
@@ -86,8 +86,9 @@ class AttentionEvolution(nn.Module):
         if layout == 'triton':
             layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
             if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
-                if fused_evolution_unsupported_reason(logits, prev, weight) is None:
-                    return fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
+                if evolved is not None:
+                    return evolved
         if layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
             # an eager model: the update compiled alone (a compiled model's graph takes it in, fused there)
             return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
