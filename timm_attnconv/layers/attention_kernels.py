@@ -283,8 +283,9 @@ def run_compiled_alone(compiled: Callable[..., torch.Tensor], *args, **kwargs) -
 
 
 def compile_failure_cause(error: Exception) -> str:
-    """The first line (at most 300 characters) of why :func:`run_compiled_alone` failed, for a remembered failure's
-    message: inductor's and dynamo's errors run to pages."""
+    """The first line (at most 300 characters) of why a compiled kernel failed (:func:`run_compiled_alone`, the Triton
+    kernel of evolving attention), for a remembered failure's message: inductor's, dynamo's and Triton's errors run to
+    pages."""
     message = str(error).strip()
     return message.splitlines()[0][:300] if message else ''
 

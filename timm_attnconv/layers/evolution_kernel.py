@@ -11,10 +11,10 @@ convolution's zero-padded halo), accumulates all output heads in fp32, adds the 
 where the reference rounds them, and the weights are cast to it as the reference casts them.
 
 On CUDA, Triton's autotuner picks the block of query rows and the warps once per map shape and dtype, at the first
-call. Forward only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` sends
-every call that needs a gradient (training), and calls inside a compiled graph (inductor lowers the reference there),
-to the reference; so does :func:`fused_evolve_or_none` for maps whose kernel failed to build or run, once, with a
-warning. ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
+call. Forward only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` sends every call that
+needs a gradient (training), and calls inside a compiled graph (inductor lowers the reference there), to the
+reference; so does :func:`fused_evolve_or_none` for maps whose kernel failed to build or run, once, with a warning.
+``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
 without a GPU.
 """
 import importlib.util
@@ -25,6 +25,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from ..constants import EVOLUTION_KERNEL_ACCUMULATORS
+from .attention_kernels import compile_failure_cause
 
 __all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none']
 
@@ -112,7 +113,7 @@ def fused_evolve_or_none(logits: torch.Tensor, prev: torch.Tensor, weight: torch
         raise  # the device is full, which the reference does not mend
     except Exception as error:  # Triton's compilation and resource errors have no common base across its releases
         key = _maps_key(logits)
-        _FAILURES[key] = f'{type(error).__name__}: {str(error).strip().splitlines()[0][:300] if str(error) else ""}'
+        _FAILURES[key] = f'{type(error).__name__}: {compile_failure_cause(error)}'
         warnings.warn(f"the 'triton' evolution layout failed on {key[0]} for {key[2]} heads of {key[3]} keys in "
                       f"{key[1]} ({_FAILURES[key]}); such maps take the 'channels_last' layout (the same update)",
                       stacklevel=3)
