@@ -17,6 +17,7 @@ reference; so does :func:`fused_evolve_or_none` for maps whose kernel failed to 
 ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
 without a GPU.
 """
+import functools
 import importlib.util
 import os
 import warnings
@@ -35,6 +36,11 @@ _MAX_HEADS = 16
 # (device type, dtype, heads, keys) → why the kernel failed for such maps: each try costs compilations, so none is
 # made twice
 _FAILURES: Dict[Tuple[str, torch.dtype, int, int], str] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    return importlib.util.find_spec('triton') is not None  # asked once: the check runs in every layer's forward
 
 
 def _interpreting() -> bool:
@@ -64,7 +70,7 @@ def fused_evolution_unsupported_reason(logits: torch.Tensor, prev: torch.Tensor,
     heads, keys = logits.shape[1], _next_power_of_2(logits.shape[-1])
     if heads > _MAX_HEADS or _next_power_of_2(heads) * keys > _MAX_ACCUMULATORS:
         return f'{heads} heads of {logits.shape[-1]} keys do not fit one program\'s registers'
-    if importlib.util.find_spec('triton') is None:
+    if not _triton_installed():
         return 'Triton is not installed'
     if logits.device.type != 'cuda' and not _interpreting():
         return f'the maps are on {logits.device.type}: the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1)'
