@@ -83,15 +83,16 @@ class AttentionEvolution(nn.Module):
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
         layout = self.conv_layout
-        if layout == 'triton':
-            layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
-            if not torch.jit.is_scripting() and not torch.compiler.is_compiling():
+        if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
+            if layout == 'shifted_sum':
+                # the update compiled alone (a compiled model's graph takes it in, fused there)
+                return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
+            if layout == 'triton':
                 evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
                 if evolved is not None:
                     return evolved
-        if layout == 'shifted_sum' and not torch.jit.is_scripting() and not torch.compiler.is_compiling():
-            # an eager model: the update compiled alone (a compiled model's graph takes it in, fused there)
-            return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
+        if layout == 'triton':
+            layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
         return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
 
 
