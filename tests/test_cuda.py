@@ -176,12 +176,7 @@ def test_every_evolution_layout_gives_the_default_results_on_the_device(name, la
     _assert_same_results(_logits_and_grads(variant, x, forward), default, f'{name}, {layout}')
 
 
-# one rounding step of each dtype's results (cuDNN and the kernel sum in other orders)
-EVOLUTION_KERNEL_TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
-                        torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
-
-
-@pytest.mark.parametrize('dtype', list(EVOLUTION_KERNEL_TOL))
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
 def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype):
     # the maps of EA-DeiT-S (6 heads, 197 tokens) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens), r and c as
     # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16
@@ -197,11 +192,26 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
             assert fused_evolution_unsupported_reason(logits, prev, weight) is None
             out = fused_evolve(logits, prev, weight, bias, residual, conv_weight)
             expected = _evolve(logits, prev, weight, bias, residual, conv_weight, 1, 'channels_last')
-        torch.testing.assert_close(out, expected, **EVOLUTION_KERNEL_TOL[dtype])
+            exact = _evolve(logits.double(), prev.double(), weight.double(), bias.double(), residual, conv_weight, 1,
+                            'channels_last')
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+            continue
+        # In half precision cuDNN and the kernel round M and the convolution's output to the maps' dtype, each after
+        # summing in its own order: where a sum lands next to a rounding boundary they round to neighbours, a step
+        # of that intermediate (up to 16 or so here), not of the output (an H100 in session 40: 3 and 5 of 153,664
+        # values over one output step). So the kernel is held to the reference's accuracy against the exact update.
+        kernel_error, reference_error = (out.double() - exact).abs(), (expected.double() - exact).abs()
+        assert kernel_error.max() <= 1.5 * reference_error.max(), (heads, tokens, kernel_error.max().item(),
+                                                                   reference_error.max().item())
+        assert kernel_error.mean() <= 1.1 * reference_error.mean(), (heads, tokens, kernel_error.mean().item(),
+                                                                     reference_error.mean().item())
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-def test_the_triton_evolution_layout_gives_the_default_logits_at_inference(name, monkeypatch):
+@pytest.mark.parametrize('layout', ['auto', 'triton'])
+def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name, layout, monkeypatch):
+    # 'auto', the default layout, takes the kernel where it runs, as 'triton' does
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers import evolving
@@ -214,12 +224,13 @@ def test_the_triton_evolution_layout_gives_the_default_logits_at_inference(name,
     monkeypatch.setattr(evolving, 'fused_evolve_or_none', counting)
     model, x = _small(name)
     model, x = model.to(DEVICE), x.to(DEVICE)
-    variant = set_evolution_layout(copy.deepcopy(model), 'triton')
+    variant = set_evolution_layout(copy.deepcopy(model), layout)
+    reference = set_evolution_layout(model, 'channels_last')
     with torch.inference_mode():
-        _assert_near(variant(x), model(x), f'{name}, triton, fp32')
+        _assert_near(variant(x), reference(x), f'{name}, {layout}, fp32')
         assert calls and all(calls), 'the Triton kernel did not run (or failed: see the warnings)'
         with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-            _assert_near(variant(x).float(), model(x).float(), f'{name}, triton, bf16', 2e-2)
+            _assert_near(variant(x).float(), reference(x).float(), f'{name}, {layout}, bf16', 2e-2)
 
 
 @pytest.mark.parametrize('name', COMPILED)

@@ -273,7 +273,7 @@ def test_auto_keeps_each_layers_cpu_kernel_and_avoids_flex_where_it_cannot_run()
     assert choose_kernel('auto', *meta, cpu_kernel='explicit') == 'sdpa'
 
 
-def test_auto_on_cuda_takes_the_layers_eager_kernel_and_sdpa_in_a_compiled_model(monkeypatch):
+def test_auto_on_cuda_takes_the_layers_kernel_for_eager_and_compiled_models(monkeypatch):
     # what choose_kernel reads of a CUDA tensor, so that the rule is tested without one
     cuda = types.SimpleNamespace(device=torch.device('cuda'), dtype=torch.bfloat16, requires_grad=False)
     qkv_rows = (cuda, cuda, cuda, None)
@@ -281,17 +281,21 @@ def test_auto_on_cuda_takes_the_layers_eager_kernel_and_sdpa_in_a_compiled_model
     assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', cuda_kernel='sdpa_onehot') == 'sdpa_onehot'
     assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', dropout_p=0.1) == 'sdpa'
     monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
-    for cuda_kernel in ('flex', 'sdpa_onehot'):
+    for cuda_kernel in ('flex', 'sdpa_onehot'):  # compiled: the layer's compiled choice, SDPA unless it names one
         assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', cuda_kernel=cuda_kernel) == 'sdpa'
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', cuda_kernel='sdpa_onehot',
+                         compiled_cuda_kernel='flex') == 'flex'
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', compiled_cuda_kernel='sdpa_onehot') == 'sdpa_onehot'
+    assert choose_kernel('auto', *qkv_rows, cpu_kernel='explicit', compiled_cuda_kernel='flex', dropout_p=0.1) == 'sdpa'
     assert choose_kernel('flex', *qkv_rows, cpu_kernel='explicit') == 'flex'  # asked for by name, it runs
 
 
-def test_aa_layers_ask_for_sdpa_onehot_on_cuda(monkeypatch):
+def test_aa_layers_ask_for_sdpa_onehot_on_cuda_and_flex_compiled(monkeypatch):
     asked = {}
     monkeypatch.setattr(augmented_conv, 'choose_kernel', lambda *args, **kwargs: asked.update(kwargs) or 'explicit')
     AAConv2d(8, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=4, attn_grid=(4, 4))(
         torch.randn(1, 8, 4, 4))
-    assert asked == dict(cpu_kernel='sdpa_onehot', cuda_kernel='sdpa_onehot')
+    assert asked == dict(cpu_kernel='sdpa_onehot', cuda_kernel='sdpa_onehot', compiled_cuda_kernel='flex')
 
 
 @pytest.mark.filterwarnings('ignore:.*torch.jit.trace.*:FutureWarning')

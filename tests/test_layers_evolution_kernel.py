@@ -15,11 +15,11 @@ import torch
 from timm_attnconv.layers import AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
 
-# the child: every case through the kernel, and a layer set to 'triton' under no_grad and with a gradient
+# the child: every case through the kernel, and a layer in its default layout under no_grad and with a gradient
 INTERPRETED = '''
 import sys
 import torch
-from timm_attnconv.layers import evolving, set_evolution_layout
+from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve, fused_evolve_or_none
 cases, layer, maps = torch.load(sys.argv[1], weights_only=True)
 reasons, outputs = [], []
@@ -34,7 +34,7 @@ def counting(*args):
     calls.append(evolved is not None)
     return evolved
 evolving.fused_evolve_or_none = counting
-ea = set_evolution_layout(evolving.AttentionEvolution(4, 0.5, 0.8), 'triton')
+ea = evolving.AttentionEvolution(4, 0.5, 0.8)  # its default layout, 'auto'
 ea.load_state_dict(layer)
 with torch.no_grad():
     inference = ea(*maps)
@@ -144,9 +144,9 @@ def test_a_kernel_that_fails_is_said_once_and_the_reference_runs(monkeypatch):
     ea = AttentionEvolution(3, 0.3, 0.6)
     logits, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
     with torch.no_grad():
-        expected = ea(logits, prev)
-        set_evolution_layout(ea, 'triton')
-        with pytest.warns(UserWarning, match=r"'triton' evolution layout failed on cpu for 3 heads of 6 keys in "
+        expected = set_evolution_layout(ea, 'channels_last')(logits, prev)
+        set_evolution_layout(ea, 'auto')  # the default layout, which takes the kernel where it runs
+        with pytest.warns(UserWarning, match=r"Triton kernel of EA's update failed on cpu for 3 heads of 6 keys in "
                                              r"torch.float32 \(RuntimeError: out of resource: shared memory, "
                                              r"Required: 264192, Hardware limit: 232448\); .* 'channels_last'"):
             torch.testing.assert_close(ea(logits, prev), expected)

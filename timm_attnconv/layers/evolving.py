@@ -40,10 +40,10 @@ from .forward_errors import raise_value_error
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
-# how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: three memory formats of
-# F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps, and 'triton',
-# the whole update in one Triton kernel where it can run (inference on CUDA, evolution_kernel.py)
-EVOLUTION_LAYOUTS = ('channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton')
+# how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: 'auto', three memory
+# formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps, and
+# 'triton', the whole update in one Triton kernel where it can run (inference on CUDA, evolution_kernel.py)
+EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -63,9 +63,10 @@ class AttentionEvolution(nn.Module):
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
         # how the convolution over the maps runs, one of EVOLUTION_LAYOUTS (set_evolution_layout): few channels on a
-        # large N×N image. On CPU the convolution alone ran 2.6× faster channels_last than NCHW, whole models up to
-        # 1.1×; on an H200 the three memory formats ran within 7% of each other (BENCHMARK.md)
-        self.conv_layout = 'channels_last'
+        # large N×N image. 'auto': the Triton kernel for inference on CUDA (an H100, bf16: EA-DeiT-S 1.51× and
+        # EA-AA-ResNet-50 1.12× the speed of channels_last), channels_last elsewhere (on CPU the convolution alone ran
+        # 2.6× faster channels_last than NCHW, whole models up to 1.1×; BENCHMARK.md)
+        self.conv_layout = 'auto'
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
         nn.init.zeros_(self.conv.bias)
@@ -87,11 +88,11 @@ class AttentionEvolution(nn.Module):
             if layout == 'shifted_sum':
                 # the update compiled alone (a compiled model's graph takes it in, fused there)
                 return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
-            if layout == 'triton':
+            if layout == 'auto' or layout == 'triton':
                 evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
                 if evolved is not None:
                     return evolved
-        if layout == 'triton':
+        if layout == 'auto' or layout == 'triton':
             layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
         return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
 
@@ -211,15 +212,17 @@ def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tenso
 
 def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in ``layout``,
-    one of :data:`EVOLUTION_LAYOUTS`: ``'channels_last'`` (the default), ``'nchw'``, ``'channels_last_padded'`` (the
-    heads zero-padded to a multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of
-    shifted maps, which inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an
-    eager model compiled alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton
-    kernel that reads each map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a
-    compiled graph, elsewhere ``'channels_last'``). The same results; the faster layout depends on the device, the
-    number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager, with 4 heads
-    (EA-AA-ResNet-20: 1.28×); on an H100 they lost to the default on EA-DeiT-S (0.77× eager, 0.62× compiled). The
-    Triton kernel has not run on a GPU yet. Returns ``model``."""
+    one of :data:`EVOLUTION_LAYOUTS`: ``'auto'`` (the default: ``'triton'`` where its kernel runs, else
+    ``'channels_last'``), ``'channels_last'``, ``'nchw'``, ``'channels_last_padded'`` (the heads zero-padded to a
+    multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of shifted maps, which
+    inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an eager model compiled
+    alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton kernel that reads each
+    map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a compiled graph, elsewhere
+    ``'channels_last'``). The same update, up to the rounding of sums in another order; the faster layout depends on
+    the device, the number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager,
+    with 4 heads (EA-AA-ResNet-20: 1.28×); on an H100 they lost to channels_last on EA-DeiT-S (0.77× eager, 0.62×
+    compiled), and the Triton kernel won (bf16 inference: EA-DeiT-S 1.51×, EA-AA-ResNet-50 1.12×). Returns
+    ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():
