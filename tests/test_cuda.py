@@ -162,6 +162,18 @@ def test_a_compiled_aa_model_runs_each_kernel(kernel):
     _assert_same_results(_logits_and_grads(model, x, torch.compile(model)), eager, f'compiled, {kernel}')
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_a_pooled_aa_layers_upsample_is_interpolate_on_the_device(dtype, channels_last):
+    # AA-ResNet-50's stage 2 (8 channels, 14² → 28²), which the layer upsamples folded on CUDA: the same bits
+    from timm_attnconv.layers.augmented_conv import _resize_bilinear
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(16, 8, 14, 14, device=DEVICE).to(dtype).contiguous(memory_format=memory_format)
+    out = _resize_bilinear(x, 28, 28, channels_last)
+    assert torch.equal(out, F.interpolate(x, size=(28, 28), mode='bilinear', align_corners=False))
+    assert out.is_contiguous(memory_format=memory_format)
+
+
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
 @pytest.mark.parametrize('layout', EVOLUTION_LAYOUTS[1:])
 @pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])

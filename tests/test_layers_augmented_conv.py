@@ -138,3 +138,32 @@ def test_bad_settings_fail_at_construction(kwargs, match):
 def test_wrong_input_channels_are_named():
     with pytest.raises(ValueError, match=r'expects \(B, 16, H, W\)'):
         AAConv2d(16, 64, upsilon=0.25)(torch.randn(1, 8, 7, 7))
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_the_folded_bilinear_resize_is_interpolate(dtype, channels_last):
+    # the attention output of a pooled layer, upsampled to the convolution's grid: values, gradients and the layout
+    # of the form CUDA runs (tests/test_cuda.py checks it there; on CPU tensors the layer calls F.interpolate)
+    from timm_attnconv.layers.augmented_conv import _folded_resize
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    for shape, size in (((3, 8, 14, 14), (28, 28)), ((2, 5, 4, 6), (7, 11)), ((1, 3, 5, 5), (5, 9))):
+        x = torch.randn(shape).to(dtype).contiguous(memory_format=memory_format).requires_grad_()
+        out = _folded_resize(x, *size, channels_last)
+        expected = F.interpolate(x, size=size, mode='bilinear', align_corners=False)
+        if size == (28, 28):  # AA's 2× upsampling: bit for bit (the CPU's vector kernels round other ratios apart)
+            assert torch.equal(out, expected)
+        torch.testing.assert_close(out, expected)
+        assert out.is_contiguous(memory_format=memory_format)
+        grad = torch.randn_like(out)
+        torch.testing.assert_close(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(expected, x, grad)[0])
+
+
+def test_a_pooled_layer_keeps_channels_last():
+    layer = AAConv2d(6, 16, 3, num_heads=2, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(5, 6),
+                     attn_pool=True).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 6, 10, 12)
+    with torch.no_grad():
+        out = layer(x.contiguous(memory_format=torch.channels_last))
+        assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+        torch.testing.assert_close(out, _naive_aa(layer, x), rtol=1e-4, atol=1e-5)

@@ -51,6 +51,34 @@ def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_
 
 
 @register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
+def _resize_bilinear(x: torch.Tensor, height: int, width: int, channels_last: bool) -> torch.Tensor:
+    """``F.interpolate(x, (height, width), mode='bilinear', align_corners=False)`` in the block's memory format.
+
+    On CUDA, eager, with the images and channels folded into the channels of one channels_last image
+    (:func:`_folded_resize`): PyTorch's CUDA kernel for NCHW maps (and its NHWC one below 16 channels) runs one thread
+    per output pixel that loops over every image and channel. AA-ResNet-50's stage-2 upsample (8 channels, 14² → 28²,
+    batch 128) took 213 µs per call that way on an H200, 4% of the model's time (BENCHMARK.md's op profiles). On the
+    CPU the plain call was as fast or faster (its kernels share the images out among threads), and compiled graphs
+    lower the resize themselves."""
+    fold = x.is_cuda and not (channels_last and x.shape[1] >= 16)  # channels_last with 16 or more: already per value
+    if not torch.jit.is_scripting():
+        fold = fold and not torch.compiler.is_compiling()
+    if fold:
+        return _folded_resize(x, height, width, channels_last)
+    return F.interpolate(x, size=(height, width), mode='bilinear', align_corners=False)  # in x's memory format
+
+
+def _folded_resize(x: torch.Tensor, height: int, width: int, channels_last: bool) -> torch.Tensor:
+    # (B, C, h, w) as (1, B·C, h, w) channels_last: the NHWC kernel, one thread per output value, each computed with
+    # the expression of the NCHW kernel (the same values; on the CPU bit for bit at AA's 2×, to a rounding step at
+    # other ratios)
+    batch, channels = x.shape[0], x.shape[1]
+    folded = x.reshape(1, batch * channels, x.shape[2], x.shape[3]).contiguous(memory_format=torch.channels_last)
+    out = F.interpolate(folded, size=(height, width), mode='bilinear', align_corners=False)
+    out = out.view(batch, channels, height, width)  # memory holds (h, w, B, C): laid out as the block expects
+    return out.contiguous(memory_format=torch.channels_last) if channels_last else out.contiguous()
+
+
 class AAConv2d(AttentionLayer):
     """Attention-augmented ``k×k`` convolution, a drop-in for ``nn.Conv2d(in_chs, out_chs, k, stride)``.
 
@@ -181,7 +209,7 @@ class AAConv2d(AttentionLayer):
         attn = self.proj(self._combine_heads(heads, grid, channels_last))
         out_h, out_w = -(-x.shape[-2] // self.stride), -(-x.shape[-1] // self.stride)  # the conv's 'same' output
         if attn.shape[-2] != out_h or attn.shape[-1] != out_w:
-            attn = F.interpolate(attn, size=(out_h, out_w), mode='bilinear', align_corners=False)
+            attn = _resize_bilinear(attn, out_h, out_w, channels_last)
         if self.conv is None:
             return attn
         return torch.cat([self.conv(x), attn], dim=1)
