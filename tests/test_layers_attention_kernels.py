@@ -113,6 +113,22 @@ def test_onehot_key_channels_mark_each_keys_row_and_column():
                                [0, 1, 1, 0, 0], [0, 1, 0, 1, 0], [0, 1, 0, 0, 1]]
 
 
+@pytest.mark.parametrize('grid', GRIDS)
+@pytest.mark.parametrize('shared_terms', [False, True])
+def test_the_axis_channels_product_is_the_explicit_logits_with_gradients(grid, shared_terms):
+    # the form relative_logits takes on CUDA (tests/test_cuda.py runs it there), against the adds through the view
+    q, k, _, rows, cols = _inputs(grid, shared_terms=shared_terms, requires_grad=True)
+    channels = 5 + grid[0] + grid[1]
+    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols, (channels + 7) // 8 * 8)
+    assert q_wide.shape[-1] % 8 == 0
+    logits, expected = q_wide @ k_wide.transpose(-1, -2), relative_logits(q, k, 0.3, rows, cols)
+    torch.testing.assert_close(logits, expected, **TOL)
+    grad = torch.randn_like(expected)
+    for got, want in zip(torch.autograd.grad(logits, (q, k, rows, cols), grad),
+                         torch.autograd.grad(expected, (q, k, rows, cols), grad)):
+        torch.testing.assert_close(got, want, **TOL)
+
+
 def test_sdpa_onehot_takes_axis_terms_only_and_says_so():
     q, k, v, rows, _ = _inputs((3, 5))
     bias = torch.randn(1, 3, 15, 15)

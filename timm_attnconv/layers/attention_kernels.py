@@ -14,7 +14,8 @@ input (broadcast over the batch). They hold ``O(N (H + W))`` numbers where the d
 Kernels (:data:`ATTN_KERNELS`):
 
 * ``'explicit'``: forms the ``(B, h, N, N)`` logits, adding the axis terms through their ``(H, W, H, W)`` view (in
-  place where no gradient is needed). The reference; the only kernel that shows its maps (analysis, evolving
+  place where no gradient is needed; on CUDA as channels of the one matrix product, as ``'sdpa_onehot'`` below
+  does, which writes the maps once). The reference; the only kernel that shows its maps (analysis, evolving
   attention), counts its FLOPs and exports everywhere (TorchScript, legacy ONNX).
 * ``'sdpa'``: materialises the ``(B or 1, h, N, N)`` bias and hands it to ``F.scaled_dot_product_attention`` as an
   additive mask.
@@ -109,7 +110,16 @@ def relative_logits(
 
     ``q``, ``k``: ``(B, h, N, d)``; ``rows``/``cols``: the axis terms of the module docstring; ``bias``:
     ``(B or 1, h, N, N)``, for position terms without a row+column form.
+
+    On CUDA the axis terms enter as channels of one matrix product (:func:`_with_axis_channels`, as SDPA one-hot's
+    do), which writes the maps once: added to them afterwards, each term was a pass that reads and writes the
+    ``(B, h, N, N)`` maps, and on an H200 the two took 2.7 ms of EA-AA-ResNet-50's 30 ms per batch of 128 (BENCHMARK.md's
+    op profiles). On the CPU, and under tracing, they are added through the maps' ``(h, w, h, w)`` view.
     """
+    if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
+        channels = q.shape[-1] + rows.shape[2] + rows.shape[3]
+        q, k = _with_axis_channels(q, k, scale, rows, cols, (channels + 7) // 8 * 8)
+        return q @ k.transpose(-1, -2)
     logits = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
     if bias is not None:
         return logits + bias.to(logits.dtype)
@@ -190,22 +200,28 @@ def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dty
     return torch.cat([F.one_hot(keys // width, height), F.one_hot(keys % width, width)], dim=-1).to(dtype)
 
 
+def _with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, cols: torch.Tensor,
+                        channels: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to ``channels``: the product of a query's and a
+    key's rows is ``scale q·k + rows[key's row] + cols[key's column]``, the logit (module docstring)."""
+    batch, heads, num_tokens, _ = q.shape
+    height, width = rows.shape[2], rows.shape[3]
+    rows, cols = _terms_per_query(rows.to(q.dtype), cols.to(q.dtype), batch)
+    zeros = q.new_zeros(1, 1, 1, channels - q.shape[-1] - height - width).expand(batch, heads, num_tokens, -1)
+    onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
+    q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
+    return q, torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
+
+
 def _onehot_axis_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         rows: torch.Tensor, cols: torch.Tensor, dropout_p: float,
 ) -> torch.Tensor:
-    # [scale·q, rows, cols] · [k, e_row, e_col] = scale q·k + rows[key's row] + cols[key's column]: SDPA's own logit,
-    # without a mask (module docstring)
-    batch, heads, num_tokens, _ = q.shape
-    height, width = rows.shape[2], rows.shape[3]
+    # SDPA's own logit is the one of the axis channels: no mask (module docstring)
     value_dim = v.shape[-1]
-    channels = q.shape[-1] + height + width
+    channels = q.shape[-1] + rows.shape[2] + rows.shape[3]
     common = (max(channels, value_dim) + 7) // 8 * 8  # one width for q, k and v, a multiple of 8
-    rows, cols = _terms_per_query(rows.to(q.dtype), cols.to(q.dtype), batch)
-    zeros = q.new_zeros(1, 1, 1, common - channels).expand(batch, heads, num_tokens, -1)
-    onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
-    q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
-    k = torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
+    q, k = _with_axis_channels(q, k, scale, rows, cols, common)
     v = F.pad(v.to(q.dtype), [0, common - value_dim])
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]
 
