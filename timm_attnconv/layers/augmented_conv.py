@@ -50,7 +50,6 @@ def aa_dims(out_chs: int, num_heads: int, kappa: float, upsilon: float, min_dim_
     return dim_k, dim_v
 
 
-@register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
 def _resize_bilinear(x: torch.Tensor, height: int, width: int, channels_last: bool) -> torch.Tensor:
     """``F.interpolate(x, (height, width), mode='bilinear', align_corners=False)`` in the block's memory format.
 
@@ -79,6 +78,7 @@ def _folded_resize(x: torch.Tensor, height: int, width: int, channels_last: bool
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out.contiguous()
 
 
+@register_notrace_module  # grid-size-dependent table slicing: a leaf for FX feature extraction
 class AAConv2d(AttentionLayer):
     """Attention-augmented ``k×k`` convolution, a drop-in for ``nn.Conv2d(in_chs, out_chs, k, stride)``.
 
