@@ -113,8 +113,9 @@ def relative_logits(
 
     On CUDA the axis terms enter as channels of one matrix product (:func:`_with_axis_channels`, as SDPA one-hot's
     do), which writes the maps once: added to them afterwards, each term was a pass that reads and writes the
-    ``(B, h, N, N)`` maps, and on an H200 the two took 2.7 ms of EA-AA-ResNet-50's 30 ms per batch of 128 (BENCHMARK.md's
-    op profiles). On the CPU, and under tracing, they are added through the maps' ``(h, w, h, w)`` view.
+    ``(B, h, N, N)`` maps, and on an H200 the two took 2.7 ms of EA-AA-ResNet-50's 30 ms per batch of 128
+    (BENCHMARK.md's op profiles). On the CPU, and under tracing, they are added through the maps' ``(h, w, h, w)``
+    view.
     """
     if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
         channels = q.shape[-1] + rows.shape[2] + rows.shape[3]

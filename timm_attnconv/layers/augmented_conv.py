@@ -54,11 +54,11 @@ def _resize_bilinear(x: torch.Tensor, height: int, width: int, channels_last: bo
     """``F.interpolate(x, (height, width), mode='bilinear', align_corners=False)`` in the block's memory format.
 
     On CUDA, eager, with the images and channels folded into the channels of one channels_last image
-    (:func:`_folded_resize`): PyTorch's CUDA kernel for NCHW maps (and its NHWC one below 16 channels) runs one thread
-    per output pixel that loops over every image and channel. AA-ResNet-50's stage-2 upsample (8 channels, 14² → 28²,
-    batch 128) took 213 µs per call that way on an H200, 4% of the model's time (BENCHMARK.md's op profiles). On the
-    CPU the plain call was as fast or faster (its kernels share the images out among threads), and compiled graphs
-    lower the resize themselves."""
+    (:func:`_folded_resize`): PyTorch's CUDA kernel for NCHW maps (and its NHWC one below 16 channels) runs one
+    thread per output pixel that loops over every image and channel. AA-ResNet-50's stage-2 upsample (8 channels,
+    14² → 28², batch 128) took 213 µs per call that way on an H200, 4% of the model's time (BENCHMARK.md's op
+    profiles). On the CPU the plain call was as fast or faster (its kernels share the images out among threads), and
+    compiled graphs lower the resize themselves."""
     fold = x.is_cuda and not (channels_last and x.shape[1] >= 16)  # channels_last with 16 or more: already per value
     if not torch.jit.is_scripting():
         fold = fold and not torch.compiler.is_compiling()
