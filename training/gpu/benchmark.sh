@@ -106,6 +106,9 @@ if [ $profile = 1 ]; then  # where the time of the models that miss the targets 
   # at 96 px the fast path does 4.7x fewer MACs than the original algorithm (dense maps, projections unfolded), yet
   # ran only 1.36x faster than it on an H100 (BENCHMARK.md); dense is the original's attention without the unfolding
   run_to "$profile_out" $P --img-size 96 --batch-size 64 sa_quadratic_cifar "sa_quadratic_cifar:$DENSE"
+  # the content model at its throughput target's batch (issue 18: at least 1.5x the 4,689 img/s of an H100), whose
+  # time no profile has split yet
+  run_to "$profile_out" $P --batch-size 256 sa_learned_content_cifar
 fi
 targets --compile
 # what explains them: the paths 'auto' chooses between, the attention kernels, how EA's map convolution runs,
