@@ -118,8 +118,7 @@ def test_onehot_key_channels_mark_each_keys_row_and_column():
 def test_the_axis_channels_product_is_the_explicit_logits_with_gradients(grid, shared_terms):
     # the form relative_logits takes on CUDA (tests/test_cuda.py runs it there), against the adds through the view
     q, k, _, rows, cols = _inputs(grid, shared_terms=shared_terms, requires_grad=True)
-    channels = 5 + grid[0] + grid[1]
-    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols, (channels + 7) // 8 * 8)
+    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols)
     assert q_wide.shape[-1] % 8 == 0
     logits, expected = q_wide @ k_wide.transpose(-1, -2), relative_logits(q, k, 0.3, rows, cols)
     torch.testing.assert_close(logits, expected, **TOL)

@@ -32,11 +32,12 @@ run read 1.60× and 1.22×). ``--amp``, ``--compile`` and ``--channels-last`` ap
 :mod:`timm_attnconv.layers.attention_kernels`; with ``--train``, their training steps) on one model's weights:
 img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a kernel that cannot run on the device
 (FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts``
-times an evolving-attention model with the convolution over its attention maps in channels_last (the default,
-measured faster on CPU), in NCHW memory format, channels_last with the heads zero-padded to 8 channels and as shifted
-multiply-adds that inductor fuses into one kernel, and the whole update as one Triton kernel (inference on CUDA; the
-default elsewhere) (``timm_attnconv.layers.set_evolution_layout``; or those named), likewise (with ``--train``, their
-training steps).
+times an evolving-attention model with each way of running the update over its attention maps
+(``timm_attnconv.layers.set_evolution_layout``; or those named): ``'auto'`` (the default: the Triton kernel at
+inference on CUDA, else channels_last), the convolution in channels_last (measured faster on CPU), in NCHW memory
+format, channels_last with the heads zero-padded to 8 channels, as shifted multiply-adds that inductor fuses into one
+kernel, and the whole update as one Triton kernel (inference on CUDA; channels_last elsewhere); likewise (with
+``--train``, their training steps).
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -679,7 +680,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'sdpa_onehot flex; speed is relative to the first)')
     parser.add_argument('--evolution-layouts', nargs='*', choices=EVOLUTION_LAYOUTS, default=None,
                         help='instead: inference of --models (evolving-attention models) with the convolution over '
-                             'their attention maps in each of these layouts (default: all, channels_last first: '
+                             'their attention maps in each of these layouts (default: all, the default first: auto, '
                              'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
                              'channels, shifted multiply-adds fused into one kernel, the update as one Triton '
                              'kernel at inference on CUDA); speed is relative to the first')

@@ -118,8 +118,7 @@ def relative_logits(
     view.
     """
     if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
-        channels = q.shape[-1] + rows.shape[2] + rows.shape[3]
-        q, k = _with_axis_channels(q, k, scale, rows, cols, (channels + 7) // 8 * 8)
+        q, k = _with_axis_channels(q, k, scale, rows, cols)
         return q @ k.transpose(-1, -2)
     logits = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
     if bias is not None:
@@ -202,13 +201,16 @@ def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dty
 
 
 def _with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, cols: torch.Tensor,
-                        channels: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to ``channels``: the product of a query's and a
-    key's rows is ``scale q·k + rows[key's row] + cols[key's column]``, the logit (module docstring)."""
+                        min_channels: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to a multiple of 8 channels (at least
+    ``min_channels``): the product of a query's and a key's rows is ``scale q·k + rows[key's row] + cols[key's
+    column]``, the logit (module docstring)."""
     batch, heads, num_tokens, _ = q.shape
     height, width = rows.shape[2], rows.shape[3]
+    channels = q.shape[-1] + height + width
+    padding = (max(channels, min_channels) + 7) // 8 * 8 - channels
     rows, cols = _terms_per_query(rows.to(q.dtype), cols.to(q.dtype), batch)
-    zeros = q.new_zeros(1, 1, 1, channels - q.shape[-1] - height - width).expand(batch, heads, num_tokens, -1)
+    zeros = q.new_zeros(1, 1, 1, padding).expand(batch, heads, num_tokens, -1)
     onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
     q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
     return q, torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
@@ -218,12 +220,10 @@ def _onehot_axis_attention(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         rows: torch.Tensor, cols: torch.Tensor, dropout_p: float,
 ) -> torch.Tensor:
-    # SDPA's own logit is the one of the axis channels: no mask (module docstring)
+    # SDPA's own logit is the one of the axis channels: no mask (module docstring); one width for q, k and v
     value_dim = v.shape[-1]
-    channels = q.shape[-1] + rows.shape[2] + rows.shape[3]
-    common = (max(channels, value_dim) + 7) // 8 * 8  # one width for q, k and v, a multiple of 8
-    q, k = _with_axis_channels(q, k, scale, rows, cols, common)
-    v = F.pad(v.to(q.dtype), [0, common - value_dim])
+    q, k = _with_axis_channels(q, k, scale, rows, cols, value_dim)
+    v = F.pad(v.to(q.dtype), [0, q.shape[-1] - value_dim])
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]
 
 

@@ -84,15 +84,16 @@ class AttentionEvolution(nn.Module):
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
         layout = self.conv_layout
+        takes_kernel = layout == 'auto' or layout == 'triton'
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
             if layout == 'shifted_sum':
                 # the update compiled alone (a compiled model's graph takes it in, fused there)
                 return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
-            if layout == 'auto' or layout == 'triton':
+            if takes_kernel:
                 evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
                 if evolved is not None:
                     return evolved
-        if layout == 'auto' or layout == 'triton':
+        if takes_kernel:
             layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
         return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
 
