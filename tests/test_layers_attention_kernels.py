@@ -14,6 +14,7 @@ from timm_attnconv.layers import (
     AAConv2d, PositionalSelfAttention, attention_kernels, augmented_conv, choose_kernel, flex_unsupported_reason,
     positional_attention, relative_attention, relative_bias, relative_logits, set_attn_kernel)
 from timm_attnconv.data import load_samples, normalize
+from timm_attnconv.layers.kernel_failures import KernelFailures
 
 from .kernels import TOL
 
@@ -221,7 +222,7 @@ def _flex_fails_to_build(monkeypatch):
         raise RuntimeError('No valid triton configs. OutOfMemoryError: out of resource: Required: 264192 '
                            'Hardware limit: 232448')
     monkeypatch.setattr(attention_kernels, '_compiled_flex_attention', lambda: fails)
-    monkeypatch.setattr(attention_kernels, '_FLEX_FAILURES', {})
+    monkeypatch.setattr(attention_kernels, '_FLEX_FAILURES', KernelFailures())
     return asked
 
 

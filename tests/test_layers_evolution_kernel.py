@@ -14,6 +14,7 @@ import torch
 
 from timm_attnconv.layers import AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
+from timm_attnconv.layers.kernel_failures import KernelFailures
 
 # the child: every case through the kernel, and a layer in its default layout under no_grad and with a gradient
 INTERPRETED = '''
@@ -139,7 +140,7 @@ def test_a_kernel_that_fails_is_said_once_and_the_reference_runs(monkeypatch):
         raise RuntimeError('out of resource: shared memory, Required: 264192, Hardware limit: 232448\nmore lines')
     monkeypatch.setattr(evolution_kernel, '_interpreting', lambda: True)  # past the device check on CPU tensors
     monkeypatch.setattr(evolution_kernel, 'fused_evolve', failing)
-    monkeypatch.setattr(evolution_kernel, '_FAILURES', {})
+    monkeypatch.setattr(evolution_kernel, '_FAILURES', KernelFailures())
     torch.manual_seed(0)
     ea = AttentionEvolution(3, 0.3, 0.6)
     logits, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)

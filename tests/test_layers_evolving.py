@@ -12,6 +12,7 @@ from timm_attnconv.layers import (
     EVOLUTION_LAYOUTS, AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout)
 from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
+from timm_attnconv.layers.kernel_failures import KernelFailures
 
 
 @pytest.mark.parametrize('residual,conv_weight', [(0.5, 1.0), (0.3, 0.6), (0.0, 0.0)])
@@ -78,14 +79,15 @@ def test_shifted_sums_that_cannot_compile_fall_back_to_the_convolution_with_a_wa
             raise RuntimeError('InductorError: no C++ compiler\nmore lines')
         return compiled
     monkeypatch.setattr(evolving, '_compiled_evolve', failing)
-    monkeypatch.setattr(evolving, '_FUSION_FAILURES', {})
+    monkeypatch.setattr(evolving, '_FUSION_FAILURES', KernelFailures())
     ea = AttentionEvolution(3, 0.3, 0.6)
     s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
     with torch.no_grad():
         expected = ea(s, prev)
         set_evolution_layout(ea, 'shifted_sum')
         with pytest.warns(UserWarning, match=r"'shifted_sum' .* could not be compiled on cpu for torch.float32 "
-                                             r"\(InductorError: no C\+\+ compiler\); .* 'channels_last' there"):
+                                             r"\(RuntimeError: InductorError: no C\+\+ compiler\); .* "
+                                             r"'channels_last' there"):
             torch.testing.assert_close(ea(s, prev), expected)
         with warnings.catch_warnings():
             warnings.simplefilter('error')  # said once: later calls go straight to the convolution

@@ -61,7 +61,7 @@ from .data import default_data_dir, load_cifar10, normalize
 from .layers import (
     ATTN_KERNELS, EVOLUTION_LAYOUTS, PositionalSelfAttention, resolve_attn_path, set_attn_kernel, set_attn_path,
     set_evolution_layout)
-from .layers.attention_kernels import compile_failure_cause
+from .layers.kernel_failures import compile_failure_cause
 
 __all__ = ['compare_paths', 'compare_attn_paths', 'compare_models', 'compare_variants', 'compare_training_variants',
            'training_throughput', 'measure', 'warm_up', 'seconds_of', 'inference_call', 'interleaved_seconds',

@@ -54,10 +54,11 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from .attention_interface import AttentionLayer
 from .forward_errors import raise_value_error
+from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
-           'run_compiled_alone', 'compile_failure_cause', 'set_attn_kernel']
+           'run_compiled_alone', 'set_attn_kernel']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -77,12 +78,12 @@ FLEX_WIDE_HEAD_DIM = 256
 RECOMPILE_LIMIT = 64
 
 
-class FlexKernelError(RuntimeError):
+class FlexKernelError(KernelFailed):
     """FlexAttention's compiled kernel failed for these inputs (the GPU's resources, a dynamo or inductor failure)."""
 
 
 # the shapes whose compiled kernel failed, and why: each attempt costs a compilation, so none is made twice
-_FLEX_FAILURES: Dict[Tuple, str] = {}
+_FLEX_FAILURES = KernelFailures()
 
 
 def check_attn_kernel(kernel: str) -> str:
@@ -300,14 +301,6 @@ def run_compiled_alone(compiled: Callable[..., torch.Tensor], *args, **kwargs) -
         return compiled(*args, **kwargs)
 
 
-def compile_failure_cause(error: Exception) -> str:
-    """The first line (at most 300 characters) of why a compiled kernel failed (:func:`run_compiled_alone`, the Triton
-    kernel of evolving attention), for a remembered failure's message: inductor's, dynamo's and Triton's errors run to
-    pages."""
-    message = str(error).strip()
-    return message.splitlines()[0][:300] if message else ''
-
-
 # Inside a compiled model on CPU the kernel runs outside the model's graph: inductor's C++ FlexAttention template
 # cannot read score terms that the graph itself computes (torch 2.14: "All the buffers in the score and mask
 # subgraph should be in kernel_group.args.input_buffers"); a graph break makes them inputs of the kernel.
@@ -318,19 +311,13 @@ def _flex_compiled_alone(
 ) -> torch.Tensor:
     backward = torch.is_grad_enabled() and q.requires_grad
     signature = (q.device, q.dtype, backward, q.shape, k.shape, v.shape, None if rows is None else rows.shape)
-    if signature in _FLEX_FAILURES:
-        raise FlexKernelError(_FLEX_FAILURES[signature])
     try:
         # past the limit FlexAttention would run unfused: every score in memory, at eager speed
-        return run_compiled_alone(_compiled_flex_attention(), q, k, v, scale=scale, kernel_options=options,
-                                  score_mod=_axis_score_mod(rows, cols, q.shape[0]))
-    except torch.OutOfMemoryError:
-        raise  # the device is full, which no other kernel mends
-    except (RuntimeError, TypeError) as error:  # InductorError (Triton: out of resource), dynamo's failures
-        cause = compile_failure_cause(error)
-        _FLEX_FAILURES[signature] = (f"FlexAttention's compiled kernel failed on {q.device.type} for q "
-                                     f"{list(q.shape)}, v {list(v.shape)} {q.dtype} ({type(error).__name__}: {cause})")
-        raise FlexKernelError(_FLEX_FAILURES[signature]) from error
+        return _FLEX_FAILURES.run(signature, run_compiled_alone, _compiled_flex_attention(), q, k, v, scale=scale,
+                                  kernel_options=options, score_mod=_axis_score_mod(rows, cols, q.shape[0]))
+    except KernelFailed as failure:
+        raise FlexKernelError(f"FlexAttention's compiled kernel failed on {q.device.type} for q {list(q.shape)}, "
+                              f"v {list(v.shape)} {q.dtype} ({failure})") from failure
 
 
 def _is_exporting() -> bool:

@@ -25,12 +25,12 @@ import functools
 import importlib.util
 import os
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from ..constants import EVOLUTION_KERNEL_ACCUMULATORS
-from .attention_kernels import compile_failure_cause
+from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none']
 
@@ -39,7 +39,7 @@ _MAX_ACCUMULATORS = 2 * EVOLUTION_KERNEL_ACCUMULATORS
 _MAX_HEADS = 16
 # (device type, dtype, heads, keys) → why the kernel failed for such maps: each try costs compilations, so none is
 # made twice
-_FAILURES: Dict[Tuple[str, torch.dtype, int, int], str] = {}
+_FAILURES = KernelFailures()
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,7 +78,7 @@ def fused_evolution_unsupported_reason(logits: torch.Tensor, prev: torch.Tensor,
         return 'Triton is not installed'
     if logits.device.type != 'cuda' and not _interpreting():
         return f'the maps are on {logits.device.type}: the Triton kernel runs on CUDA (or under TRITON_INTERPRET=1)'
-    failed = _FAILURES.get(_maps_key(logits))
+    failed = _FAILURES.cause(_maps_key(logits))
     if failed:
         return f'the kernel failed for such maps before ({failed})'
     return None
@@ -117,14 +117,11 @@ def fused_evolve_or_none(logits: torch.Tensor, prev: torch.Tensor, weight: torch
     warning; the device running out of memory is raised."""
     if fused_evolution_unsupported_reason(logits, prev, weight) is not None:
         return None
+    key = _maps_key(logits)
     try:
-        return fused_evolve(logits, prev, weight, bias, residual, conv_weight)
-    except torch.OutOfMemoryError:
-        raise  # the device is full, which the reference does not mend
-    except Exception as error:  # Triton's compilation and resource errors have no common base across its releases
-        key = _maps_key(logits)
-        _FAILURES[key] = f'{type(error).__name__}: {compile_failure_cause(error)}'
+        return _FAILURES.run(key, fused_evolve, logits, prev, weight, bias, residual, conv_weight)
+    except KernelFailed as failure:
         warnings.warn(f"the Triton kernel of EA's update failed on {key[0]} for {key[2]} heads of {key[3]} keys in "
-                      f"{key[1]} ({_FAILURES[key]}); such maps take the 'channels_last' layout (the same update)",
+                      f"{key[1]} ({failure}); such maps take the 'channels_last' layout (the same update)",
                       stacklevel=3)
         return None

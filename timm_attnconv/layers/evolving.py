@@ -22,7 +22,7 @@ attention layer through its :class:`ChainSlot` for the duration of one block cal
 import functools
 import inspect
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -32,10 +32,11 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs, compile_failure_cause, run_compiled_alone
+from .attention_kernels import attention_probs, run_compiled_alone
 from .augmented_conv import AAConv2d
 from .evolution_kernel import fused_evolve_or_none
 from .forward_errors import raise_value_error
+from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
@@ -176,7 +177,7 @@ def _compiled_evolve() -> Callable[..., torch.Tensor]:
 
 
 # (device type, dtype) → why inductor could not compile the fused update there
-_FUSION_FAILURES: Dict[Tuple[str, torch.dtype], str] = {}
+_FUSION_FAILURES = KernelFailures()
 
 
 def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -185,17 +186,13 @@ def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor
     inductor cannot compile it (a CPU without a C++ compiler, a GPU without Triton), the same update through the
     convolution, with a warning the first time."""
     where = (logits.device.type, logits.dtype)
-    if where not in _FUSION_FAILURES:
+    if _FUSION_FAILURES.cause(where) is None:
         try:
-            return run_compiled_alone(_compiled_evolve(), logits, prev, weight, bias, residual, conv_weight, padding,
-                                      'shifted_sum')
-        except torch.OutOfMemoryError:
-            raise  # the device is full, which the other form does not mend
-        except (RuntimeError, TypeError) as error:  # InductorError, dynamo's and the C++ compiler's failures
-            cause = compile_failure_cause(error) or type(error).__name__
-            _FUSION_FAILURES[where] = cause
+            return _FUSION_FAILURES.run(where, run_compiled_alone, _compiled_evolve(), logits, prev, weight, bias,
+                                        residual, conv_weight, padding, 'shifted_sum')
+        except KernelFailed as failure:
             warnings.warn(f"the 'shifted_sum' evolution layout could not be compiled on {where[0]} for {where[1]} "
-                          f"({cause}); these layers run their convolution in 'channels_last' there (the same "
+                          f"({failure}); these layers run their convolution in 'channels_last' there (the same "
                           f"update)", stacklevel=3)
     return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, 'channels_last')
 
