@@ -116,13 +116,25 @@ def test_a_training_step_under_bf16_autocast_stays_finite(name):
 
 @pytest.mark.parametrize('name, size', [('sa_quadratic_cifar', 32), ('sa_quadratic_cifar', 48),
                                         ('sa_learned_cifar', 48)])
-@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'separable_values_first', 'auto'])
+@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct',
+                                  'auto'])
 def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
     # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the batched separable form)
     model, x = _small(name, size=size)
     model, x = model.to(DEVICE), x.to(DEVICE)
     dense = _logits_and_grads(set_attn_path(model, 'dense'), x)
     _assert_same_results(_logits_and_grads(set_attn_path(model, path), x), dense, f'{name} at {size} px, {path}')
+
+
+@pytest.mark.parametrize('amp', [False, True])
+def test_the_direct_separable_form_writes_in_place_on_the_device(amp):
+    # at inference its column mix writes into strided slices (bmm with out=), which a gradient never runs
+    model, x = _small('sa_quadratic_cifar', size=48)
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    with torch.no_grad(), torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=amp):
+        dense = set_attn_path(model, 'dense')(x).float().cpu()
+        direct = set_attn_path(model, 'separable_direct')(x).float().cpu()
+    _assert_near(direct, dense, f'separable_direct, autocast {amp}', tol=2e-2 if amp else FP32_TOL)
 
 
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_content_cifar', 'ea_sa_learned_content_cifar'])

@@ -124,7 +124,7 @@ def test_an_unknown_position_term_lists_the_registered_ones():
         PositionalSelfAttention(8, 2, position='sinusoid')
 
 
-EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first')
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 
 
 @pytest.mark.parametrize('position', ['quadratic', 'learned'])
@@ -152,6 +152,10 @@ def test_every_exact_path_gives_the_same_output_and_gradients(position):
         torch.testing.assert_close(other_x_grad, x_grad, rtol=0, atol=1e-5, msg=path)
         for name, grad in grads.items():
             torch.testing.assert_close(other_grads[name], grad, rtol=0, atol=1e-5, msg=f'{path}: {name}')
+    with torch.no_grad():  # inference: 'separable_direct' writes each head's columns in place there
+        for path in EXACT_PATHS[1:]:
+            attn.attn_path = path
+            torch.testing.assert_close(attn(x), out, rtol=0, atol=1e-5, msg=path)
 
 
 @pytest.mark.parametrize('attn_path,device_type,grid,expected', [
@@ -172,6 +176,7 @@ def test_every_exact_path_gives_the_same_output_and_gradients(position):
     ('separable_loop', 'cuda', (48, 48), 'separable_loop'),
     ('separable_batched', 'cpu', (2, 2), 'separable_batched'),
     ('separable_values_first', 'cuda', (16, 16), 'separable_values_first'),
+    ('separable_direct', 'cpu', (48, 48), 'separable_direct'),
 ])
 def test_the_rule_table_picks_the_path(attn_path, device_type, grid, expected):
     assert resolve_attn_path(attn_path, device_type, grid[0] * grid[1]) == expected

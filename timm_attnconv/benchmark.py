@@ -10,8 +10,9 @@ For every model and input size, in one process on one machine:
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
 and the ratios (memory: peak tensor allocations of one forward pass). ``--paths`` instead times the exact algorithms
 of the separable SA models against each other, ``dense``, ``separable_loop`` (one head at a time),
-``separable_batched`` (all heads in one contraction) and ``separable_values_first`` (value maps first), and prints
-the one ``attn_path='auto'`` takes on the device: the measurement behind ``timm_attnconv.layers.auto_path_rule``.
+``separable_batched`` (all heads in one contraction), ``separable_values_first`` (value maps first) and
+``separable_direct`` (each head's columns written in place into the value maps' input), and prints the one
+``attn_path='auto'`` takes on the device: the measurement behind ``timm_attnconv.layers.auto_path_rule``.
 
 Timing: each side is first run until two successive calls agree within 5% (at most ``--max-warmup`` runs), then the
 two sides of a comparison alternate, ABBA, for ``--iters`` repetitions; a ratio is the median of the per-repetition
@@ -77,7 +78,7 @@ ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) 
 WARMUP_TOLERANCE = 0.05
 MAX_WARMUP = 8
 # the exact algorithms of a separable SA layer, as --paths times them; the first is the reference of the ratios
-EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first')
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 
 
 @contextmanager
@@ -670,7 +671,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "timm's train.py and benchmark.py --channels-last run convolutional nets on GPUs")
     parser.add_argument('--paths', action='store_true',
                         help='instead: time the exact attention algorithms (dense, separable_loop, '
-                             'separable_batched, separable_values_first) of the separable SA models (or --models) '
+                             'separable_batched, separable_values_first, separable_direct) of the separable SA '
+                             'models (or --models) '
                              'against each other, and show the one attn_path=auto takes on this device')
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '

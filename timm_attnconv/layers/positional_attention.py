@@ -29,7 +29,7 @@ from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
 # what attn_path may ask for; the last three force one form of the separable algorithm (benchmarks, tests)
-SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first')
+SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
 SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
 
@@ -100,9 +100,10 @@ class PositionalSelfAttention(AttentionLayer):
             same table: a loop over heads that applies each head's value map as soon as its average is formed
             (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
             ``'separable_batched'`` force one, ``'separable_values_first'`` a third form (value maps before the
-            averages: no heads·D-wide copy; for measurement). A forced separable path raises ``ValueError`` where
-            it cannot run: at construction for an inexact position term, in training while attention dropout is
-            active.
+            averages: no heads·D-wide copy; for measurement) and ``'separable_direct'`` a fourth (the batched row
+            mix, then each head's column mix written in place into proj_heads' input; for measurement). A forced
+            separable path raises ``ValueError`` where it cannot run: at construction for an inexact position term,
+            in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
@@ -290,6 +291,30 @@ class PositionalSelfAttention(AttentionLayer):
                           y.view(heads * width, batch * height * out_dim))
         return out.view(width, batch, height, out_dim).permute(1, 2, 0, 3).contiguous()
 
+    def _attend_separable_direct(self, x: torch.Tensor) -> torch.Tensor:
+        # The batched form's row mix, then each head's column mix written by its own batched product straight into
+        # that head's slice of proj_heads' input, laid out (H, B, W, heads·D): the batched form's copy of its
+        # (heads, W, H, B, D) result into that layout (30% of its GPU time at 96 px) never happens, and the input's one
+        # copy moves whole (W, D) rows instead of transposing W and D. The output is a (B, H, W, O) view of an
+        # (H, B, W, O) tensor.
+        batch, height, width, dim = x.shape
+        heads = self.num_heads
+        rows, cols = self._axis_probs(height, width, x.dtype)
+        by_rows = x.transpose(0, 1).reshape(height, batch * width * dim)  # (H_k, B·W·D)
+        y = rows.reshape(heads * height, height) @ by_rows  # mix key rows: (heads·H, B·W·D)
+        y = y.view(heads, height * batch, width, dim)  # (heads, H·B, W_l, D)
+        cols = cols.to(y.dtype)  # a product with out= is not autocast: it takes its operands' dtype as they are
+        mixed = y.new_empty(height, batch, width, heads, dim)
+        write_in_place = not (torch.is_grad_enabled() and y.requires_grad) and not torch.compiler.is_compiling()
+        for head in range(heads):
+            head_out = mixed[:, :, :, head].view(height * batch, width, dim)  # a strided view: rows heads·D apart
+            by_cols = cols[head].expand(height * batch, width, width)  # mix key columns: stride 0, no copy
+            if write_in_place:
+                torch.bmm(by_cols, y[head], out=head_out)
+            else:  # autograd has no formula for out=, and compiled graphs would copy it anyway
+                head_out.copy_(torch.bmm(by_cols, y[head]))
+        return self.proj_heads(mixed.view(height, batch, width, heads * dim)).transpose(0, 1)
+
     def _content_kernel(self, q: torch.Tensor, k: torch.Tensor, values: torch.Tensor, rows: Optional[torch.Tensor],
                         dense_bias: bool, dropout_p: float) -> str:
         if self.form_maps or (self.attn_kernel == 'auto' and not self.fused_attn):
@@ -357,6 +382,8 @@ class PositionalSelfAttention(AttentionLayer):
             out = self._attend_separable_batched(x)
         elif algorithm == 'separable_values_first':
             out = self._attend_separable_values_first(x)
+        elif algorithm == 'separable_direct':
+            out = self._attend_separable_direct(x)
         else:
             out = self._attend_dense(x)
         return self.proj_drop(self.proj(out))
