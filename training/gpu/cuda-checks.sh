@@ -13,6 +13,7 @@ workers=()
 if [ "${WORKERS:-4}" -gt 1 ] && python3 -c 'import xdist' 2> /dev/null; then
   workers=(-n "${WORKERS:-4}"); export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 fi
-PYTHONPATH=$PWD setsid nohup python3 -m pytest -m cuda -q -rs "${workers[@]}" \
+# --durations: the slowest checks, to plan what a cold machine spends its first minutes on
+PYTHONPATH=$PWD setsid nohup python3 -m pytest -m cuda -q -rs --durations=15 "${workers[@]}" \
   tests/test_cuda.py tests/test_layers_attention_kernels.py "$@" > "$checks" 2>&1 < /dev/null &
 echo "cuda checks started (pid $!${workers:+, ${workers[1]} workers}): $checks"
