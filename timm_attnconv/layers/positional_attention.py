@@ -28,7 +28,7 @@ from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
-# what attn_path may ask for; the last three force one form of the separable algorithm (benchmarks, tests)
+# what attn_path may ask for; each of SEPARABLE_FORMS forces one form of the separable algorithm (benchmarks, tests)
 SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
 SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
@@ -294,9 +294,9 @@ class PositionalSelfAttention(AttentionLayer):
     def _attend_separable_direct(self, x: torch.Tensor) -> torch.Tensor:
         # The batched form's row mix, then each head's column mix written by its own batched product straight into
         # that head's slice of proj_heads' input, laid out (H, B, W, heads·D): the batched form's copy of its
-        # (heads, W, H, B, D) result into that layout (30% of its GPU time at 96 px) never happens, and the input's one
-        # copy moves whole (W, D) rows instead of transposing W and D. The output is a (B, H, W, O) view of an
-        # (H, B, W, O) tensor.
+        # (heads, W, H, B, D) result into that layout (30% of its GPU time at 96 px, BENCHMARK.md) never happens, and
+        # the input's one copy moves whole (W, D) rows instead of transposing W and D. The output is a (B, H, W, O)
+        # view of an (H, B, W, O) tensor.
         batch, height, width, dim = x.shape
         heads = self.num_heads
         rows, cols = self._axis_probs(height, width, x.dtype)
