@@ -99,6 +99,23 @@ def test_sdpa_kernels_match_explicit_forward_and_gradients(grid, shared_terms, k
 
 
 @pytest.mark.parametrize('grid', GRIDS)
+def test_sdpa_onehot_keeps_keys_and_values_shared_by_every_head_shared(grid):
+    # the content model's inference form: the tokens are every head's keys and values (stride-0 views); their axis
+    # channels and zero padding are built once, not once per head, with the same results and gradients
+    q, tokens, _, rows, cols = _inputs(grid, heads=3, dim=6, requires_grad=True)
+    k = v = tokens[:, :1].expand(-1, 3, -1, -1)
+    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols)
+    assert k_wide.stride(1) == 0 and q_wide.stride(1) != 0
+    ref = _explicit(q, k, v, rows, cols, 0.3)
+    out = relative_attention(q, k, v, 0.3, 'sdpa_onehot', rows, cols)
+    torch.testing.assert_close(out, ref, **TOL)
+    grad_out = torch.randn_like(ref)
+    for grad, ref_grad in zip(torch.autograd.grad(out, (q, tokens, rows, cols), grad_out),
+                              torch.autograd.grad(ref, (q, tokens, rows, cols), grad_out)):
+        torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+@pytest.mark.parametrize('grid', GRIDS)
 @pytest.mark.parametrize('shared_terms', [False, True])
 @pytest.mark.parametrize('dims', [(5, 2), (20, 17)])  # below FlexAttention's 16-channel tiles (padded) and above
 def test_flex_matches_explicit(eager_flex, grid, shared_terms, dims):

@@ -205,16 +205,27 @@ def _with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: to
                         min_channels: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to a multiple of 8 channels (at least
     ``min_channels``): the product of a query's and a key's rows is ``scale q·k + rows[key's row] + cols[key's
-    column]``, the logit (module docstring)."""
+    column]``, the logit (module docstring). Keys shared by every head (a stride-0 head axis) stay shared."""
     batch, heads, num_tokens, _ = q.shape
     height, width = rows.shape[2], rows.shape[3]
     channels = q.shape[-1] + height + width
     padding = (max(channels, min_channels) + 7) // 8 * 8 - channels
     rows, cols = _terms_per_query(rows.to(q.dtype), cols.to(q.dtype), batch)
     zeros = q.new_zeros(1, 1, 1, padding).expand(batch, heads, num_tokens, -1)
-    onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, heads, -1, -1)
     q = torch.cat([q * scale if scale != 1.0 else q, rows, cols, zeros], dim=-1)
-    return q, torch.cat([k.to(q.dtype), onehot, zeros], dim=-1)
+    k, key_heads = _one_head_if_shared(k)
+    onehot = _axis_onehot(height, width, q.device, q.dtype).expand(batch, key_heads, -1, -1)
+    keys = torch.cat([k.to(q.dtype), onehot, zeros[:, :key_heads]], dim=-1)
+    return q, keys.expand(batch, heads, -1, -1)
+
+
+def _one_head_if_shared(x: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    # (B, h, N, C) → its first head and 1 where every head is one tensor (a stride-0 view: the tokens as every head's
+    # keys or values in the content model's inference form), else x and h: what is built from it (channels appended,
+    # a cast) is then built once, not once per head
+    if x.shape[1] > 1 and x.stride(1) == 0:
+        return x[:, :1], 1
+    return x, x.shape[1]
 
 
 def _onehot_axis_attention(
@@ -222,9 +233,10 @@ def _onehot_axis_attention(
         rows: torch.Tensor, cols: torch.Tensor, dropout_p: float,
 ) -> torch.Tensor:
     # SDPA's own logit is the one of the axis channels: no mask (module docstring); one width for q, k and v
-    value_dim = v.shape[-1]
+    value_dim, heads = v.shape[-1], v.shape[1]
     q, k = _with_axis_channels(q, k, scale, rows, cols, value_dim)
-    v = F.pad(v.to(q.dtype), [0, q.shape[-1] - value_dim])
+    v, _ = _one_head_if_shared(v)
+    v = F.pad(v.to(q.dtype), [0, q.shape[-1] - value_dim]).expand(-1, heads, -1, -1)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]
 
 
