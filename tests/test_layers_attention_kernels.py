@@ -99,7 +99,7 @@ def test_sdpa_kernels_match_explicit_forward_and_gradients(grid, shared_terms, k
 
 
 @pytest.mark.parametrize('grid', GRIDS)
-def test_sdpa_onehot_keeps_keys_and_values_shared_by_every_head_shared(grid):
+def test_sdpa_onehot_builds_keys_and_values_shared_by_every_head_once(grid):
     # the content model's inference form: the tokens are every head's keys and values (stride-0 views); their axis
     # channels and zero padding are built once, not once per head, with the same results and gradients
     q, tokens, _, rows, cols = _inputs(grid, heads=3, dim=6, requires_grad=True)
