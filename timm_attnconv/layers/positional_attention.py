@@ -305,7 +305,7 @@ class PositionalSelfAttention(AttentionLayer):
         y = y.view(heads, height * batch, width, dim)  # (heads, H·B, W_l, D)
         cols = cols.to(y.dtype)  # a product with out= is not autocast: it takes its operands' dtype as they are
         mixed = y.new_empty(height, batch, width, heads, dim)
-        write_in_place = not (torch.is_grad_enabled() and y.requires_grad) and not torch.compiler.is_compiling()
+        write_in_place = not y.requires_grad and not torch.compiler.is_compiling()  # y needs no gradient under no_grad
         for head in range(heads):
             head_out = mixed[:, :, :, head].view(height * batch, width, dim)  # a strided view: rows heads·D apart
             by_cols = cols[head].expand(height * batch, width, width)  # mix key columns: stride 0, no copy
