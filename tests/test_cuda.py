@@ -187,7 +187,8 @@ def test_a_pooled_aa_layers_upsample_is_interpolate_on_the_device(dtype, channel
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-@pytest.mark.parametrize('layout', EVOLUTION_LAYOUTS[1:])
+# with gradients 'triton_matmul' runs as 'triton' does (channels_last): the checks below run its kernel
+@pytest.mark.parametrize('layout', [layout for layout in EVOLUTION_LAYOUTS[1:] if layout != 'triton_matmul'])
 @pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_every_evolution_layout_gives_the_default_results_on_the_device(name, layout, compiled):
     # the shifted sums run as inductor's own kernel on the device (compiled alone in the eager model, or in the
@@ -201,9 +202,11 @@ def test_every_evolution_layout_gives_the_default_results_on_the_device(name, la
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
-def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype):
+@pytest.mark.parametrize('matmul', [False, True], ids=['multiply_adds', 'matmul'])
+def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype, matmul):
     # the maps of EA-DeiT-S (6 heads, 197 tokens) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens), r and c as
-    # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16
+    # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16 (and
+    # gets the matrix products wrong in bf16)
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
@@ -213,8 +216,8 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
         logits, prev = (3 * torch.randn(2, 8, heads, tokens, tokens, device=DEVICE)).to(dtype).unbind(0)
         weight, bias = 0.3 * torch.randn(heads, heads, 3, 3, device=DEVICE), torch.randn(heads, device=DEVICE)
         with torch.no_grad():
-            assert fused_evolution_unsupported_reason(logits, prev, weight) is None
-            out = fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+            assert fused_evolution_unsupported_reason(logits, prev, weight, matmul) is None
+            out = fused_evolve(logits, prev, weight, bias, residual, conv_weight, matmul)
             expected = _evolve(logits, prev, weight, bias, residual, conv_weight, 1, 'channels_last')
             exact = _evolve(logits.double(), prev.double(), weight.double(), bias.double(), residual, conv_weight, 1,
                             'channels_last')
@@ -233,9 +236,9 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-@pytest.mark.parametrize('layout', ['auto', 'triton'])
+@pytest.mark.parametrize('layout', ['auto', 'triton', 'triton_matmul'])
 def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name, layout, monkeypatch):
-    # 'auto', the default layout, takes the kernel where it runs, as 'triton' does
+    # 'auto', the default layout, takes the kernel where it runs, as 'triton' and 'triton_matmul' do
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers import evolving

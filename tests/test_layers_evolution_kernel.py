@@ -16,31 +16,33 @@ from timm_attnconv.layers import AttentionEvolution, evolution_kernel, evolving,
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
-# the child: every case through the kernel, and a layer in its default layout under no_grad and with a gradient
+# the child: every case through each form of the kernel, and a layer under no_grad in its default layout and in
+# 'triton_matmul', and with a gradient
 INTERPRETED = '''
 import sys
 import torch
 from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve, fused_evolve_or_none
-cases, layer, maps = torch.load(sys.argv[1], weights_only=True)
+runs, layer, maps = torch.load(sys.argv[1], weights_only=True)
 reasons, outputs = [], []
 with torch.no_grad():
-    for case in cases:
+    for case, matmul in runs:
         args = (case['logits'], case['prev'], case['weight'], case['bias'], case['residual'], case['conv_weight'])
-        reasons.append(fused_evolution_unsupported_reason(*args[:3]))
-        outputs.append(fused_evolve(*args))
+        reasons.append(fused_evolution_unsupported_reason(*args[:3], matmul))
+        outputs.append(fused_evolve(*args, matmul))
 calls = []
 def counting(*args):
     evolved = fused_evolve_or_none(*args)
-    calls.append(evolved is not None)
+    calls.append((args[-1], evolved is not None))
     return evolved
 evolving.fused_evolve_or_none = counting
 ea = evolving.AttentionEvolution(4, 0.5, 0.8)  # its default layout, 'auto'
 ea.load_state_dict(layer)
 with torch.no_grad():
     inference = ea(*maps)
+    as_matmul = evolving.set_evolution_layout(ea, 'triton_matmul')(*maps)
 with_gradient = ea(maps[0].requires_grad_(), maps[1])
-torch.save(dict(reasons=reasons, outputs=outputs, calls=calls, inference=inference,
+torch.save(dict(reasons=reasons, outputs=outputs, calls=calls, inference=inference, as_matmul=as_matmul,
                 with_gradient=with_gradient.detach()), sys.argv[2])
 '''
 
@@ -51,6 +53,9 @@ SHAPES = [(2, 6, 20, 3, 0.5, 1.0, True), (3, 3, 7, 5, 0.3, 0.6, False), (1, 8, 9
 # interpreter truncates fp32 to bf16 where a GPU rounds to nearest, so only the GPU checks bf16 closely
 # (tests/test_cuda.py)
 DTYPES = {torch.float32: {}, torch.float16: dict(rtol=2e-3, atol=1e-3), torch.bfloat16: None}
+# the matrix-product form in bf16 only on the GPU: the interpreter of Triton 3.8 gets a bf16 tl.dot wrong by orders of
+# magnitude (a 16×16 product of N(0, 1) values off by 1e10)
+INTERPRETED_MATMUL_DTYPES = (torch.float32, torch.float16)
 
 
 def _maps(batch, heads, tokens, dtype, generator):
@@ -88,28 +93,48 @@ def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_
     ea = AttentionEvolution(4, 0.5, 0.8)
     torch.nn.init.normal_(ea.conv.bias)
     maps = _maps(2, 4, 10, torch.float32, torch.Generator().manual_seed(1))
-    torch.save((cases, ea.state_dict(), maps), tmp_path / 'in.pt')
+    runs = [(case, False) for case in cases] + [(case, True) for case in cases
+                                                  if case['logits'].dtype in INTERPRETED_MATMUL_DTYPES]
+    torch.save((runs, ea.state_dict(), maps), tmp_path / 'in.pt')
     env = dict(os.environ, TRITON_INTERPRET='1')
     done = subprocess.run([sys.executable, '-c', INTERPRETED, str(tmp_path / 'in.pt'), str(tmp_path / 'out.pt')],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = torch.load(tmp_path / 'out.pt', weights_only=True)
 
-    assert result['reasons'] == [None] * len(cases)
-    dtypes = [dtype for _ in SHAPES for dtype in DTYPES] + [torch.float32]
+    assert result['reasons'] == [None] * len(runs)
+    assert sum(matmul for _, matmul in runs) == 7  # 3 shapes in fp32 and fp16, and the mixed inputs
     with torch.no_grad():
-        for case, dtype, out in zip(cases, dtypes, result['outputs']):
+        for (case, matmul), out in zip(runs, result['outputs']):
+            dtype = case['logits'].dtype
             assert out.dtype == dtype and out.is_contiguous()
             expected = _reference(case)
             if DTYPES[dtype] is None:
                 assert (out.float() - expected.float()).norm() < 1e-2 * expected.float().norm()
             else:
-                torch.testing.assert_close(out, expected, **DTYPES[dtype])
+                torch.testing.assert_close(out, expected, **DTYPES[dtype], msg=lambda m: f'matmul={matmul}: {m}')
         expected = ea(*maps)
-    # the kernel ran under no_grad; with a gradient the layer took the reference (the kernel has no backward)
-    assert result['calls'] == [True, False]
+    # the kernels ran under no_grad; with a gradient the layer took the reference (the kernels have no backward)
+    assert result['calls'] == [(False, True), (True, True), (True, False)]
     torch.testing.assert_close(result['inference'], expected)
+    torch.testing.assert_close(result['as_matmul'], expected)
     torch.testing.assert_close(result['with_gradient'], expected)
+
+
+def test_both_forms_build_for_an_h100_and_only_the_matmul_form_uses_tensor_cores():
+    # the GPU code itself, which the interpreter does not build: EA-AA-ResNet-50's maps (8 heads, 196 keys) in bf16,
+    # in the first configuration the autotuner keeps for each form
+    triton = pytest.importorskip('triton')
+    if tuple(int(part) for part in triton.__version__.split('.')[:2]) < (3, 8):
+        pytest.skip(f'Triton {triton.__version__}: the build uses the compiler API of Triton 3.8')
+    from timm_attnconv.layers import _evolution_triton
+    forms = {False: _evolution_triton.evolve_autotuned, True: _evolution_triton.evolve_as_matmul_autotuned}
+    for matmul, autotuned in forms.items():
+        shapes = dict(HEADS=8, OUTS=evolution_kernel._output_heads(8, matmul), KSIZE=3, KEYS=256, HAS_BIAS=True,
+                      MIX_BACK=False)
+        config = _evolution_triton._within_registers(autotuned.configs, shapes)[0]
+        ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
+        assert ('mma.sync' in ptx or 'wgmma' in ptx) == matmul, f'matmul={matmul}, {config}'
 
 
 def test_the_reasons_it_cannot_run():

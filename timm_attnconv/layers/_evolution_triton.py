@@ -1,9 +1,13 @@
-"""The Triton kernel of :func:`timm_attnconv.layers.evolution_kernel.fused_evolve` (its docstring says what it
-computes). Imported on first use: Triton reads ``TRITON_INTERPRET`` as the kernels are defined here."""
+"""The Triton kernels of :func:`timm_attnconv.layers.evolution_kernel.fused_evolve` (its docstring says what they
+compute). Imported on first use: Triton reads ``TRITON_INTERPRET`` as the kernels are defined here."""
 import triton
 import triton.language as tl
 
 from ..constants import EVOLUTION_KERNEL_ACCUMULATORS as ACCUMULATORS
+
+# taps (input head, kernel row, kernel column) per matrix product of evolve_as_matmul: the least K of a tl.dot (a
+# constexpr: a kernel reads no other global)
+TAPS_PER_PRODUCT = tl.constexpr(16)
 
 
 @triton.jit
@@ -16,16 +20,28 @@ def _mixed(logits_ptr, prev_ptr, offsets, mask, residual):
 
 
 @triton.jit
+def _finish(acc, logits_ptr, prev_ptr, out_ptr, offsets, inside, residual, conv_weight, MIX_BACK: tl.constexpr):
+    # the convolution with its bias in fp32 → ReLU (→ c·ReLU(conv) + (1 − c)·M) → stored in the maps' dtype
+    acc = tl.maximum(acc, 0.)
+    if MIX_BACK:  # from ReLU(conv) rounded as the reference's is
+        evolved = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
+        m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)
+        acc = tl.where(conv_weight < 0.5, m + conv_weight * (evolved - m), evolved - (evolved - m) * (1. - conv_weight))
+    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
 def evolve(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, residual, conv_weight,
-           HEADS: tl.constexpr, HEADS_P2: tl.constexpr, KSIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
+           HEADS: tl.constexpr, OUTS: tl.constexpr, KSIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
            KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, MIX_BACK: tl.constexpr):
+    # the convolution as multiply-adds of a weight and a map of BLOCK_Q × KEYS query-key pairs (CUDA cores)
     image = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)  # this program's query rows
-    heads = tl.arange(0, HEADS_P2)
+    heads = tl.arange(0, OUTS)
     keys = tl.arange(0, KEYS)
     map_size = num_tokens * num_tokens
     image_start = image.to(tl.int64) * HEADS * map_size
-    acc = tl.zeros((HEADS_P2, BLOCK_Q, KEYS), dtype=tl.float32)  # every output head of these rows
+    acc = tl.zeros((OUTS, BLOCK_Q, KEYS), dtype=tl.float32)  # every output head of these rows
     for c in range(HEADS):  # input head
         for i in tl.static_range(KSIZE):
             src_rows = rows + (i - KSIZE // 2)
@@ -41,30 +57,85 @@ def evolve(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, resi
                 acc += w[:, None, None] * m
     if HAS_BIAS:
         acc += tl.load(bias_ptr + heads, mask=heads < HEADS, other=0.).to(tl.float32)[:, None, None]
-    acc = tl.maximum(acc, 0.)
     offsets = image_start + heads[:, None, None] * map_size + rows[None, :, None] * num_tokens + keys[None, None, :]
     inside = (heads < HEADS)[:, None, None] & (rows < num_tokens)[None, :, None] & (keys < num_tokens)[None, None, :]
-    if MIX_BACK:  # c·ReLU(conv) + (1 − c)·M, from ReLU(conv) rounded as the reference's is
-        evolved = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
-        m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)
-        acc = tl.where(conv_weight < 0.5, m + conv_weight * (evolved - m), evolved - (evolved - m) * (1. - conv_weight))
-    tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=inside)
+    _finish(acc, logits_ptr, prev_ptr, out_ptr, offsets, inside, residual, conv_weight, MIX_BACK)
+
+
+@triton.jit
+def evolve_as_matmul(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_tokens, residual, conv_weight,
+                     HEADS: tl.constexpr, OUTS: tl.constexpr, KSIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
+                     KEYS: tl.constexpr, HAS_BIAS: tl.constexpr, MIX_BACK: tl.constexpr):
+    # the convolution as matrix products (tensor cores in half precision): the BLOCK_Q × KEYS query-key pairs of this
+    # program as rows, the H·k² taps of each (mixed input map, kernel row, kernel column) as columns, against the
+    # weights, TAPS_PER_PRODUCT taps at a time: (pairs, taps) @ (taps, OUTS) accumulated in fp32
+    map_size = num_tokens * num_tokens
+    image_start = tl.program_id(0).to(tl.int64) * HEADS * map_size
+    logits_ptr += image_start
+    prev_ptr += image_start
+    out_ptr += image_start
+    pairs = tl.arange(0, BLOCK_Q * KEYS)
+    rows = tl.program_id(1) * BLOCK_Q + pairs // KEYS
+    keys = pairs % KEYS
+    heads = tl.arange(0, OUTS)
+    TAPS = HEADS * KSIZE * KSIZE
+    acc = tl.zeros((BLOCK_Q * KEYS, OUTS), dtype=tl.float32)
+    for first in range(0, TAPS, TAPS_PER_PRODUCT):
+        taps = first + tl.arange(0, TAPS_PER_PRODUCT)  # weight[h].flatten()'s order: (c, i, j)
+        src_rows = rows[:, None] + ((taps // KSIZE) % KSIZE - KSIZE // 2)[None, :]
+        src_keys = keys[:, None] + (taps % KSIZE - KSIZE // 2)[None, :]
+        inside = ((taps < TAPS)[None, :] & (src_rows >= 0) & (src_rows < num_tokens) & (src_keys >= 0)
+                  & (src_keys < num_tokens))
+        offsets = (taps // (KSIZE * KSIZE))[None, :] * map_size + src_rows * num_tokens + src_keys
+        m = _mixed(logits_ptr, prev_ptr, offsets, inside, residual)  # 0 outside: the zero padding
+        w = tl.load(weight_ptr + heads[None, :] * TAPS + taps[:, None],
+                    mask=(taps < TAPS)[:, None] & (heads < HEADS)[None, :], other=0.)  # weight[h, c, i, j]
+        if logits_ptr.dtype.element_ty == tl.float32:  # fp32 products, as the reference's (no TF32)
+            acc = tl.dot(m, w, acc, input_precision='ieee')
+        else:
+            acc = tl.dot(m.to(logits_ptr.dtype.element_ty), w, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + heads, mask=heads < HEADS, other=0.).to(tl.float32)[None, :]
+    offsets = heads[None, :] * map_size + rows[:, None] * num_tokens + keys[:, None]
+    inside = (heads < HEADS)[None, :] & (rows < num_tokens)[:, None] & (keys < num_tokens)[:, None]
+    _finish(acc, logits_ptr, prev_ptr, out_ptr, offsets, inside, residual, conv_weight, MIX_BACK)
 
 
 def _within_registers(configs, named_args, **kwargs):
     # blocks of query rows that give a program half to twice ACCUMULATORS accumulators (the smallest maps: the most
     # rows there is a configuration for)
     shapes = dict(named_args, **kwargs)
-    per_row = shapes['HEADS_P2'] * shapes['KEYS']
+    per_row = shapes['OUTS'] * shapes['KEYS']
     fitting = [config for config in configs
                if ACCUMULATORS // 2 <= per_row * config.kwargs['BLOCK_Q'] <= 2 * ACCUMULATORS]
     return fitting or [config for config in configs if config.kwargs['BLOCK_Q'] == configs[-1].kwargs['BLOCK_Q']]
 
 
-# On CUDA the block of query rows and the warps are timed once per map shape and dtype, at the first call: the fastest
-# of the configurations whose accumulators fit (not measured yet which one wins where, BENCHMARK.md)
-evolve_autotuned = triton.autotune(
-    configs=[triton.Config({'BLOCK_Q': rows}, num_warps=warps) for rows in (1, 2, 4, 8, 16, 32, 64)
-             for warps in (4, 8)],
-    key=['HEADS', 'KEYS', 'KSIZE', 'HAS_BIAS', 'MIX_BACK'],
-    prune_configs_by={'early_config_prune': _within_registers})(evolve)
+def _autotuned(kernel):
+    # On CUDA the block of query rows and the warps are timed once per map shape and dtype, at the first call: the
+    # fastest of the configurations whose accumulators fit (not measured yet which one wins where, BENCHMARK.md)
+    return triton.autotune(
+        configs=[triton.Config({'BLOCK_Q': rows}, num_warps=warps) for rows in (1, 2, 4, 8, 16, 32, 64)
+                 for warps in (4, 8)],
+        key=['HEADS', 'KEYS', 'KSIZE', 'HAS_BIAS', 'MIX_BACK'],
+        prune_configs_by={'early_config_prune': _within_registers})(kernel)
+
+
+evolve_autotuned = _autotuned(evolve)
+evolve_as_matmul_autotuned = _autotuned(evolve_as_matmul)
+
+
+def build_for_gpu(kernel, dtype: str, shapes: dict, config, arch: int = 90):
+    """``kernel`` (one of the autotuned kernels above) built by Triton's compiler and ptxas (shipped with Triton) for
+    CUDA compute capability ``arch`` (90: an H100), without a GPU: for maps in ``dtype`` (``'bf16'``, ``'fp16'`` or
+    ``'fp32'``) of the given ``shapes`` (the kernel's constexpr arguments but ``BLOCK_Q``) in ``config``, one of the
+    autotuner's. Returns Triton's ``CompiledKernel`` (``.asm['ptx']``, ``.asm['cubin']``, ``.metadata.shared``).
+    Written against the compiler API of Triton 3.8."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    fn = kernel.fn
+    values = dict(shapes, **config.kwargs)
+    types = dict(num_tokens='i32', residual='fp32', conv_weight='fp32')  # the pointers: *dtype
+    signature = {name: 'constexpr' if name in values else types.get(name, f'*{dtype}') for name in fn.arg_names}
+    source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(name),): value for name, value in values.items()})
+    return triton.compile(source, target=GPUTarget('cuda', arch, 32), options=dict(num_warps=config.num_warps))

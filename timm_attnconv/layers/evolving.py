@@ -43,8 +43,9 @@ __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttenti
 
 # how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: 'auto', three memory
 # formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps, and
-# 'triton', the whole update in one Triton kernel where it can run (inference on CUDA, evolution_kernel.py)
-EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton')
+# 'triton' and 'triton_matmul', the whole update in one Triton kernel where it can run (inference on CUDA), its
+# convolution as multiply-adds or as matrix products (evolution_kernel.py)
+EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -85,13 +86,14 @@ class AttentionEvolution(nn.Module):
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
         layout = self.conv_layout
-        takes_kernel = layout == 'auto' or layout == 'triton'
+        takes_kernel = layout in ['auto', 'triton', 'triton_matmul']  # a literal: TorchScript reads no global tuple
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
             if layout == 'shifted_sum':
                 # the update compiled alone (a compiled model's graph takes it in, fused there)
                 return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
             if takes_kernel:
-                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
+                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight,
+                                               layout == 'triton_matmul')
                 if evolved is not None:
                     return evolved
         if takes_kernel:
@@ -216,11 +218,12 @@ def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an eager model compiled
     alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton kernel that reads each
     map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a compiled graph, elsewhere
-    ``'channels_last'``). The same update, up to the rounding of sums in another order; the faster layout depends on
+    ``'channels_last'``) or ``'triton_matmul'`` (that kernel with the convolution as matrix products, on tensor cores
+    in half precision). The same update, up to the rounding of sums in another order; the faster layout depends on
     the device, the number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager,
     with 4 heads (EA-AA-ResNet-20: 1.28×); on an H100 they lost to channels_last on EA-DeiT-S (0.77× eager, 0.62×
-    compiled), and the Triton kernel won (bf16 inference: EA-DeiT-S 1.51×, EA-AA-ResNet-50 1.12×). Returns
-    ``model``."""
+    compiled), and the Triton kernel won (bf16 inference: EA-DeiT-S 1.51×, EA-AA-ResNet-50 1.12×; its matrix-product
+    form not measured yet). Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():

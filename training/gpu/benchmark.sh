@@ -116,11 +116,12 @@ targets --compile
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
 step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
-# EA's update as one Triton kernel (layout 'triton', inference on CUDA) against cuDNN's convolution and the passes
-# around it (the default): most of what EA adds to its bases in the op profiles; it has not run on a GPU before, and
-# its first call per map shape autotunes it (one step per model, so that this fits the 90 s of an eager step)
-step $B --evolution-layouts channels_last triton --models deit_ea_small_patch16_224 --batch-size 128
-step $B --evolution-layouts channels_last triton --models ea_aa_resnet50 --batch-size 128
+# EA's update as one Triton kernel (inference on CUDA), its convolution as multiply-adds ('triton', the default
+# since session 40) and as matrix products on tensor cores ('triton_matmul', session 42, not run on a GPU before),
+# against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles. Each
+# kernel's first call per map shape autotunes it (one step per model, so that this fits the 90 s of an eager step)
+step $B --evolution-layouts channels_last triton triton_matmul --models deit_ea_small_patch16_224 --batch-size 128
+step $B --evolution-layouts channels_last triton triton_matmul --models ea_aa_resnet50 --batch-size 128
 # the compiled AA target: SDPA with the bias as its mask (what 'auto' takes in a compiled model on CUDA) against SDPA
 # without a mask and FlexAttention inside the model's graph (before session 37's fix, torch 2.11 refused the latter)
 step $B --compile --kernels sdpa sdpa_onehot flex --models aa_resnet50 --batch-size 128
