@@ -277,7 +277,8 @@ def test_benchmark_runs_the_chosen_steps_and_names_the_others(tmp_path):
         assert ran == [every_step[k - 1] for k in chosen]
         assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
     assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in every_step[6]  # step 7: session 32's budget ended
-    assert '--evolution-layouts channels_last triton' in every_step[19]  # steps 20 and 21: new in session 39
+    # steps 20 and 21: new in session 39, both forms of the kernel since session 42
+    assert '--evolution-layouts channels_last triton triton_matmul' in every_step[19]
     assert '--compile --kernels sdpa sdpa_onehot flex' in every_step[21]
     assert '--compile --models sa_quadratic_cifar sa_learned_cifar --sizes 96' in every_step[11]
     for bad_args in (['--from', 'x'], ['--steps', '4,0'], ['--steps', '3-b']):

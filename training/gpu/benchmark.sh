@@ -37,6 +37,9 @@ printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh wa
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
 P="python3 training/gpu/op_profile.py --device ${DEVICE:-cuda} --shapes"
 compiled_min=60  # the least budget a compiled step starts with: compiling both sides alone can take most of it
+# Triton's autotuner prints the configuration it picks for EA's kernels, and how long it took (which block of query
+# rows wins where is not measured yet, layers/_evolution_triton.py)
+export TRITON_PRINT_AUTOTUNING=1
 run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150 s) or at what is left of the budget
   local file=$1 limit=90 started=$SECONDS; shift
   case " $* " in *" --compile "*) limit=150;; esac
