@@ -169,7 +169,8 @@ def test_compiled_paths_on_cpu():
 
 def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
     rows = benchmark.main(['--kernels', '--models', 'aa_resnet20_cifar', 'sa_learned_content_tiny_cifar',
-                           '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
+                           '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2',
+                           '--device', 'cpu'])
     assert [(r['name'], r['kernel']) for r in rows] == [
         (name, kernel) for name in ('aa_resnet20_cifar', 'sa_learned_content_tiny_cifar')
         for kernel in ('explicit', 'sdpa', 'sdpa_onehot', 'flex')]

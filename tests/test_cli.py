@@ -214,8 +214,8 @@ def test_a_bad_argument_gets_one_line_and_a_non_zero_exit(tool, argv, status, me
 
 def _cifar10_readers():
     sources = {tool: _tool_source(tool) for tool in _tools()}
-    return sorted(tool for tool, source in sources.items()
-                  if any(f'{reader}(' in source for reader in ('load_cifar10', 'load_test_split', 'write_image_folder')))
+    readers = ('load_cifar10', 'load_test_split', 'write_image_folder')
+    return sorted(tool for tool, source in sources.items() if any(f'{reader}(' in source for reader in readers))
 
 
 def test_every_cifar10_reader_says_where_its_data_defaults_to(capsys):

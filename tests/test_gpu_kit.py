@@ -333,7 +333,8 @@ def test_prepare_and_receive_cifar10_and_a_run_to_resume(tmp_path):
         subprocess.run(['cp', '-r', str(repo / '.gpu' / f'p0{i}'), str(carried)], check=True)
         said = script('receive.sh', str(dest), cwd=machine)
         assert ('carry the next part' in said) == (i < 4), said
-    assert 'sha256 checked' in said and f'checkpoint of ea_aa_resnet20_cifar ready in {runs}/ea_aa_resnet20_cifar' in said
+    assert 'sha256 checked' in said
+    assert f'checkpoint of ea_aa_resnet20_cifar ready in {runs}/ea_aa_resnet20_cifar' in said
     assert all((dest / name).read_bytes() == payload for name, payload in data.items())
     resumed = runs / 'ea_aa_resnet20_cifar' / 'last.pth.tar'
     assert resumed.read_bytes() == checkpoint

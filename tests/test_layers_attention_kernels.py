@@ -26,7 +26,8 @@ def _inputs(grid, batch=2, heads=3, dim=5, value_dim=2, shared_terms=False, requ
     height, width = grid
     terms_batch = 1 if shared_terms else batch
     tensors = [torch.randn(batch, heads, height * width, d) for d in (dim, dim, value_dim)]
-    tensors += [torch.randn(terms_batch, heads, height, width, height), torch.randn(terms_batch, heads, height, width, width)]
+    tensors += [torch.randn(terms_batch, heads, height, width, height),
+                torch.randn(terms_batch, heads, height, width, width)]
     return [t.requires_grad_(requires_grad) for t in tensors]
 
 

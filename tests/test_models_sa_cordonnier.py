@@ -125,7 +125,8 @@ def test_timm_layout_round_trip(tmp_path):
     model = timm.create_model('sa_learned_cifar', **SMALL).eval()
     path = tmp_path / 'model.pth'
     torch.save(model.state_dict(), path)
-    loaded = timm.create_model('sa_learned_cifar', pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **SMALL)
+    loaded = timm.create_model('sa_learned_cifar', pretrained=True, pretrained_cfg_overlay=dict(file=str(path)),
+                               **SMALL)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(x), model(x), rtol=0, atol=0)

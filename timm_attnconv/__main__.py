@@ -3,9 +3,9 @@ model first; with ``--table``, also count and run every registered model.
 
 Part 1 loads each model that has weights (``pretrained=True``: the clone's ``weights/`` folder, else the Hub),
 ``HEADLINE`` first and then largest first, prints the leading model's prediction for each sample image in
-``timm_attnconv/samples/`` and every model's accuracy on them. Part 2 (``--table``) prints one row per model: parameters, GMACs (fvcore, the path the model runs),
-the paper-style GFLOPs and the time of one forward pass (after a warm-up) on a batch of 8 images at the model's
-default input size.
+``timm_attnconv/samples/`` and every model's accuracy on them. Part 2 (``--table``) prints one row per model:
+parameters, GMACs (fvcore, the path the model runs), the paper-style GFLOPs and the time of one forward pass (after a
+warm-up) on a batch of 8 images at the model's default input size.
 """
 import time
 from typing import Dict, List, Optional, Sequence
@@ -93,7 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     foreign = sorted(set(args.models) - set(timm_attnconv.list_models()))
     if foreign:
         parser.error(f"{', '.join(foreign)}: not a model of this package; {cli.LIST_MODELS}")
-    pretrained = [n for n in timm_attnconv.list_models(pretrained=True) if not args.models or n.split('.')[0] in args.models]
+    pretrained = [n for n in timm_attnconv.list_models(pretrained=True)
+                  if not args.models or n.split('.')[0] in args.models]
     if pretrained:
         classify_samples(pretrained)
     else:

@@ -27,8 +27,8 @@ from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
            'non_negative_float', 'probability', 'json_object', 'check_value', 'model_name', 'device', 'missing_device',
-           'create_model', 'tune_for_device', 'add_model_args', 'add_data_dir_arg', 'add_test_set_args', 'add_device_arg',
-           'load_model', 'load_test_split', 'print_result']
+           'create_model', 'tune_for_device', 'add_model_args', 'add_data_dir_arg', 'add_test_set_args',
+           'add_device_arg', 'load_model', 'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

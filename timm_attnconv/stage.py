@@ -51,8 +51,8 @@ PAPER_TOP1 = {
     'sa_learned': ('SA learned emb. (12.3M params)', 91.8),
     'sa_learned_content': ('SA learned emb. + content-based att. (29.5M params)', 87.1),
 }
-# the models the paper itself fine-tuned from other weights (Cordonnier et al. 2020, §4.1: the trained generalized model,
-# its degenerate heads pruned), by architecture: their cards do not call a warm start a departure from the paper
+# the models the paper itself fine-tuned from other weights (Cordonnier et al. 2020, §4.1: the trained generalized
+# model, its degenerate heads pruned), by architecture: their cards do not call a warm start a departure from the paper
 PAPER_WARM_STARTS = {'sa_quadratic_gen_pruned_cifar': 'the trained generalized model with its degenerate heads pruned'}
 # by arXiv id, as the cfgs' ``paper_ids`` name them
 PAPERS = {

@@ -28,7 +28,8 @@ __all__ = ['QuadraticScores', 'LearnedScores', 'QueryRelativeScores', 'FoldedQue
 
 
 def combine_axis_logits(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Row logits ``(heads, H, H)`` and column logits ``(heads, W, W)`` → dense ``(1, heads, H, W, H, W)`` (their sum)."""
+    """Row logits ``(heads, H, H)`` and column logits ``(heads, W, W)`` → dense ``(1, heads, H, W, H, W)``, their
+    sum."""
     return (rows[:, :, None, :, None] + cols[:, None, :, None, :])[None]
 
 

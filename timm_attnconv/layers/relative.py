@@ -25,7 +25,8 @@ def relative_offsets(length: int, device: torch.device, dtype: torch.dtype = tor
     return (pos[None, :] - pos[:, None]).to(dtype)
 
 
-def table_for_length(table: torch.Tensor, length: int, resize: bool = True, name: str = 'relative table') -> torch.Tensor:
+def table_for_length(table: torch.Tensor, length: int, resize: bool = True, name: str = 'relative table'
+                     ) -> torch.Tensor:
     """Adapt a ``(2 M - 1, C)`` relative table to a grid side of ``length``.
 
     Shorter sides take the central ``2 L - 1`` rows, which is exact (the same offsets). Longer sides need offsets
@@ -44,7 +45,8 @@ def table_for_length(table: torch.Tensor, length: int, resize: bool = True, name
     return resized[0].t()
 
 
-def gather_relative(table: torch.Tensor, length: int, resize: bool = True, name: str = 'relative table') -> torch.Tensor:
+def gather_relative(table: torch.Tensor, length: int, resize: bool = True, name: str = 'relative table'
+                    ) -> torch.Tensor:
     """``(L, L, C)`` tensor with ``out[q, k] = table[k - q + L - 1]`` (after :func:`table_for_length`)."""
     table = table_for_length(table, length, resize=resize, name=name)
     if torch.jit.is_tracing():  # the legacy ONNX exporter cannot size unfold's windows: an index tensor
