@@ -130,8 +130,7 @@ def test_both_forms_build_for_an_h100_and_only_the_matmul_form_uses_tensor_cores
     from timm_attnconv.layers import _evolution_triton
     forms = {False: _evolution_triton.evolve_autotuned, True: _evolution_triton.evolve_as_matmul_autotuned}
     for matmul, autotuned in forms.items():
-        shapes = dict(HEADS=8, OUTS=evolution_kernel._output_heads(8, matmul), KSIZE=3, KEYS=256, HAS_BIAS=True,
-                      MIX_BACK=False)
+        shapes = evolution_kernel.kernel_shapes(8, 196, 3, has_bias=True, conv_weight=1., matmul=matmul)
         config = _evolution_triton._within_registers(autotuned.configs, shapes)[0]
         ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
         assert ('mma.sync' in ptx or 'wgmma' in ptx) == matmul, f'matmul={matmul}, {config}'

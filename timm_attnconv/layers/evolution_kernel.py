@@ -43,7 +43,7 @@ import torch
 from ..constants import EVOLUTION_KERNEL_ACCUMULATORS
 from .kernel_failures import KernelFailed, KernelFailures
 
-__all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none']
+__all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none', 'kernel_shapes']
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_ACCUMULATORS = 2 * EVOLUTION_KERNEL_ACCUMULATORS
@@ -75,6 +75,14 @@ def _maps_key(logits: torch.Tensor, matmul: bool) -> Tuple[str, torch.dtype, int
 def _output_heads(heads: int, matmul: bool) -> int:
     # the output heads a program accumulates: a power of two, and a matrix product's least N
     return max(_next_power_of_2(heads), _MATMUL_MIN_OUTS if matmul else 1)
+
+
+def kernel_shapes(heads: int, num_tokens: int, kernel_size: int, has_bias: bool, conv_weight: float,
+                  matmul: bool) -> dict:
+    """The constexpr arguments of the kernels in ``_evolution_triton`` (all but the autotuned ``BLOCK_Q``) for
+    ``(B, heads, num_tokens, num_tokens)`` maps."""
+    return dict(HEADS=heads, OUTS=_output_heads(heads, matmul), KSIZE=kernel_size,
+                KEYS=_next_power_of_2(num_tokens), HAS_BIAS=has_bias, MIX_BACK=conv_weight != 1.)
 
 
 def fused_evolution_unsupported_reason(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor,
@@ -116,17 +124,14 @@ def fused_evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor,
     has_bias = bias is not None
     bias = bias.to(dtype).contiguous() if bias is not None else weight  # without one, a pointer the kernel ignores
     out = torch.empty_like(logits)
-    outs, keys = _output_heads(heads, matmul), _next_power_of_2(num_tokens)
     args = (logits, prev, weight, bias, out, num_tokens, float(residual), float(conv_weight))
-    shapes = dict(HEADS=heads, OUTS=outs, KSIZE=weight.shape[-1], KEYS=keys, HAS_BIAS=has_bias,
-                  MIX_BACK=conv_weight != 1.)
+    shapes = kernel_shapes(heads, num_tokens, weight.shape[-1], has_bias, conv_weight, matmul)
+    autotuned = _evolution_triton.evolve_as_matmul_autotuned if matmul else _evolution_triton.evolve_autotuned
     if _interpreting():  # the interpreter cannot time configurations: the middle one of the autotuner's
-        kernel = _evolution_triton.evolve_as_matmul if matmul else _evolution_triton.evolve
-        block_q = max(1, EVOLUTION_KERNEL_ACCUMULATORS // (outs * keys))
-        kernel[(batch, -(-num_tokens // block_q))](*args, **shapes, BLOCK_Q=block_q, num_warps=4)
+        block_q = max(1, EVOLUTION_KERNEL_ACCUMULATORS // (shapes['OUTS'] * shapes['KEYS']))
+        autotuned.fn[(batch, -(-num_tokens // block_q))](*args, **shapes, BLOCK_Q=block_q, num_warps=4)
     else:
-        kernel = _evolution_triton.evolve_as_matmul_autotuned if matmul else _evolution_triton.evolve_autotuned
-        kernel[lambda meta: (batch, -(-num_tokens // meta['BLOCK_Q']))](*args, **shapes)
+        autotuned[lambda meta: (batch, -(-num_tokens // meta['BLOCK_Q']))](*args, **shapes)
     return out
 
 

@@ -45,8 +45,7 @@ def main(argv=None):
           f'{"shared B":>8} {"mma":>4}')
     for model, heads, tokens in MAPS:
         for layout, (matmul, autotuned) in FORMS.items():
-            shapes = dict(HEADS=heads, OUTS=evolution_kernel._output_heads(heads, matmul), KSIZE=3,
-                          KEYS=triton.next_power_of_2(tokens), HAS_BIAS=True, MIX_BACK=False)
+            shapes = evolution_kernel.kernel_shapes(heads, tokens, 3, has_bias=True, conv_weight=1., matmul=matmul)
             for config in _evolution_triton._within_registers(autotuned.configs, shapes):
                 used = resources(_evolution_triton.build_for_gpu(autotuned, args.dtype, shapes, config, args.arch))
                 print(f'{f"{model} ({heads}×{tokens}²)":<34} {layout:<14} {config.kwargs["BLOCK_Q"]:>7} '
