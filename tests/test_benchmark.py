@@ -197,7 +197,7 @@ def test_evolution_layouts_end_to_end_on_cpu(capsys):
     rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
                            '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
     assert [r['evolution conv'] for r in rows] == ['auto', 'channels_last', 'nchw', 'channels_last_padded',
-                                                   'shifted_sum', 'triton', 'triton_matmul']
+                                                   'shifted_sum', 'triton', 'triton_matmul', 'triton_attention']
     assert rows[0]['speed'] == 1.0
     for row in rows[1:]:
         assert row['speed_min'] <= row['speed'] <= row['speed_max']
@@ -209,6 +209,26 @@ def test_evolution_layouts_end_to_end_on_cpu(capsys):
     assert args.evolution_layouts == ['shifted_sum', 'channels_last']
     with pytest.raises(SystemExit):
         benchmark.parse_args(['--evolution-layouts', 'nhwc', '--models', 'ea_aa_resnet50'])
+
+
+def test_an_ea_model_against_its_base_in_a_named_evolution_layout(capsys, monkeypatch):
+    # --evolution-layout: the --versus pairs' EA models in that layout (the GPU targets with the fused attention)
+    layouts = []
+    original = benchmark.set_evolution_layout
+
+    def recording(model, layout):
+        layouts.append((type(model).__name__, layout, sum(1 for _ in model.modules())))
+        return original(model, layout)
+    monkeypatch.setattr(benchmark, 'set_evolution_layout', recording)
+    rows = benchmark.main(['--versus', 'ea_aa_resnet20_cifar:aa_resnet20_cifar', '--evolution-layout', 'shifted_sum',
+                           '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device',
+                           'cpu'])
+    assert len(rows) == 1 and rows[0]['time_ratio_min'] <= rows[0]['time_ratio'] <= rows[0]['time_ratio_max']
+    assert [layout for _, layout, _ in layouts] == ['shifted_sum', 'shifted_sum']
+    assert layouts[0][2] > layouts[1][2]  # the EA model, then its base (no evolution modules)
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(['--evolution-layout', 'triton_attention', '--models', 'ea_aa_resnet50'])
+    assert '--evolution-layout sets the layout of the --versus pairs' in capsys.readouterr().err
 
 
 def test_training_steps_through_each_evolution_layout_on_cpu(capsys):

@@ -242,7 +242,8 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
         'skipped (the budget of 11 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
-        '--train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256\n')
+        '--versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128 --evolution-layout '
+        'triton_attention\n')
     printed = bench.communicate()[0]
     assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
     ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
@@ -277,8 +278,10 @@ def test_benchmark_runs_the_chosen_steps_and_names_the_others(tmp_path):
         assert ran == [every_step[k - 1] for k in chosen]
         assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
     assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in every_step[6]  # step 7: session 32's budget ended
-    # steps 20 and 21: new in session 39, both forms of the kernel since session 42
-    assert '--evolution-layouts channels_last triton triton_matmul' in every_step[19]
+    # steps 20 and 21: new in session 39, both forms of the kernel since session 42, the fused attention since 43
+    assert '--evolution-layouts channels_last triton triton_matmul triton_attention' in every_step[19]
+    # steps 27 and 28: the EA targets with the fused attention (session 43)
+    assert all('--evolution-layout triton_attention' in every_step[k] for k in (26, 27)) and len(every_step) == 28
     assert '--compile --kernels sdpa sdpa_onehot flex' in every_step[21]
     assert '--compile --models sa_quadratic_cifar sa_learned_cifar --sizes 96' in every_step[11]
     for bad_args in (['--from', 'x'], ['--steps', '4,0'], ['--steps', '3-b']):

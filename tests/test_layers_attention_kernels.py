@@ -105,7 +105,7 @@ def test_sdpa_onehot_builds_keys_and_values_shared_by_every_head_once(grid):
     # channels and zero padding are built once, not once per head, with the same results and gradients
     q, tokens, _, rows, cols = _inputs(grid, heads=3, dim=6, requires_grad=True)
     k = v = tokens[:, :1].expand(-1, 3, -1, -1)
-    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols)
+    q_wide, k_wide = attention_kernels.with_axis_channels(q, k, 0.3, rows, cols)
     assert k_wide.stride(1) == 0 and q_wide.stride(1) != 0
     ref = _explicit(q, k, v, rows, cols, 0.3)
     out = relative_attention(q, k, v, 0.3, 'sdpa_onehot', rows, cols)
@@ -137,7 +137,7 @@ def test_onehot_key_channels_mark_each_keys_row_and_column():
 def test_the_axis_channels_product_is_the_explicit_logits_with_gradients(grid, shared_terms):
     # the form relative_logits takes on CUDA (tests/test_cuda.py runs it there), against the adds through the view
     q, k, _, rows, cols = _inputs(grid, shared_terms=shared_terms, requires_grad=True)
-    q_wide, k_wide = attention_kernels._with_axis_channels(q, k, 0.3, rows, cols)
+    q_wide, k_wide = attention_kernels.with_axis_channels(q, k, 0.3, rows, cols)
     assert q_wide.shape[-1] % 8 == 0
     logits, expected = q_wide @ k_wide.transpose(-1, -2), relative_logits(q, k, 0.3, rows, cols)
     torch.testing.assert_close(logits, expected, **TOL)

@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch
 
-from timm_attnconv.layers import AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
-from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
+from timm_attnconv.layers.evolution_kernel import fused_attention_unsupported_reason, fused_evolution_unsupported_reason
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
 # the child: every case through each form of the kernel, and a layer under no_grad in its default layout and in
@@ -121,9 +121,110 @@ def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_
     torch.testing.assert_close(result['with_gradient'], expected)
 
 
-def test_both_forms_build_for_an_h100_and_only_the_matmul_form_uses_tensor_cores():
-    # the GPU code itself, which the interpreter does not build: EA-AA-ResNet-50's maps (8 heads, 196 keys) in bf16,
-    # in the first configuration the autotuner keeps for each form
+# the child of the fused attention's test: each case through the kernel, then an AA layer and an EA DeiT in the layout
+# 'triton_attention' and in 'channels_last', under no_grad and (the layer) with a gradient, counting the kernel's runs
+INTERPRETED_ATTENTION = '''
+import sys
+import timm
+import torch
+import timm_attnconv
+from timm_attnconv.layers import AAConv2d, AttentionEvolution, evolving, set_evolution_layout
+from timm_attnconv.layers.evolution_kernel import fused_evolving_attention, fused_evolving_attention_or_none
+cases, aa_state, x, prev = torch.load(sys.argv[1], weights_only=True)
+with torch.no_grad():
+    outputs = [fused_evolving_attention(**case) for case in cases]
+calls = []
+def counting(*args):
+    fused = fused_evolving_attention_or_none(*args)
+    calls.append(fused is not None)
+    return fused
+evolving.fused_evolving_attention_or_none = counting
+aa = AAConv2d(6, 16, 3, num_heads=3, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(4, 5))
+aa.evolve = AttentionEvolution(3, 0.5, 0.8)
+aa.load_state_dict(aa_state)
+aa.eval()
+layer = {}
+with torch.no_grad():
+    layer['reference'] = set_evolution_layout(aa, 'channels_last').forward_chain(x, prev)
+    layer['fused'] = set_evolution_layout(aa, 'triton_attention').forward_chain(x, prev)
+layer['with_gradient'] = tuple(out.detach() for out in aa.forward_chain(x.requires_grad_(), prev))
+torch.manual_seed(0)
+deit = timm.create_model('deit_ea_tiny_patch16_224', img_size=32, patch_size=8, depth=3).eval()
+images = torch.randn(2, 3, 32, 32)
+with torch.no_grad():
+    model = dict(reference=set_evolution_layout(deit, 'channels_last')(images),
+                 fused=set_evolution_layout(deit, 'triton_attention')(images))
+torch.save(dict(outputs=outputs, calls=calls, layer=layer, model=model), sys.argv[2])
+'''
+
+
+def _attention_cases():
+    # (heads, tokens, query/key and value channels, kernel size, r, c, bias, dtype): heads, tokens and channels not
+    # powers of two, tokens past one block of keys, a 5×5 kernel, the mix back (c < 1), fp16
+    generator = torch.Generator().manual_seed(2)
+    cases = []
+    for heads, tokens, qk_dim, v_dim, size, residual, conv_weight, has_bias, dtype in [
+            (3, 20, 8, 5, 3, 0.5, 1.0, True, torch.float32), (6, 37, 20, 12, 3, 0.3, 0.6, False, torch.float32),
+            (3, 17, 8, 8, 5, 0.7, 1.0, True, torch.float32), (5, 23, 8, 8, 3, 0.7, 0.25, True, torch.float16)]:
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator)
+        q, k, v = randn(2, heads, tokens, qk_dim), randn(2, heads, tokens, qk_dim), randn(2, heads, tokens, v_dim)
+        cases.append(dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), prev=(3 * randn(2, heads, tokens, tokens)).to(dtype),
+                          weight=0.3 * randn(heads, heads, size, size), bias=randn(heads) if has_bias else None,
+                          residual=residual, conv_weight=conv_weight))
+    # queries and values with their channels strided (an AA layer's), keys shared by every head (stride 0)
+    first = dict(cases[0])
+    first.update(q=first['q'].transpose(-1, -2).contiguous().transpose(-1, -2),
+                 k=first['k'][:, :1].expand(-1, 3, -1, -1), v=first['v'].transpose(-1, -2).contiguous().transpose(-1, -2))
+    return cases + [first]
+
+
+def _reference_attention(case):
+    # the layer's explicit path: S = q kᵀ, the update, the softmax over keys, the values
+    weight, dtype = case['weight'], case['q'].dtype
+    logits = case['q'] @ case['k'].transpose(-1, -2)
+    bias = case['bias'].to(dtype) if case['bias'] is not None else None
+    logits = evolving._evolve(logits, case['prev'], weight.to(dtype), bias, case['residual'], case['conv_weight'],
+                              weight.shape[-1] // 2, 'nchw')
+    return logits.softmax(-1, dtype=dtype) @ case['v'], logits
+
+
+def test_the_fused_attention_is_the_layers_attention_with_the_reference_update(tmp_path):
+    # 'triton_attention': the whole evolved attention in one kernel (q kᵀ of the convolution's taps, the update, an
+    # online softmax, the values): the reference's output and logits, through Triton's interpreter
+    pytest.importorskip('triton')
+    cases = _attention_cases()
+    torch.manual_seed(0)
+    aa = AAConv2d(6, 16, 3, num_heads=3, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(4, 5))
+    aa.evolve = AttentionEvolution(3, 0.5, 0.8)
+    torch.nn.init.normal_(aa.evolve.conv.bias)
+    x, prev = torch.randn(2, 6, 4, 5), torch.randn(2, 3, 20, 20)
+    torch.save((cases, aa.state_dict(), x, prev), tmp_path / 'in.pt')
+    env = dict(os.environ, TRITON_INTERPRET='1')
+    done = subprocess.run([sys.executable, '-c', INTERPRETED_ATTENTION, str(tmp_path / 'in.pt'),
+                           str(tmp_path / 'out.pt')], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = torch.load(tmp_path / 'out.pt', weights_only=True)
+
+    for case, (out, logits) in zip(cases, result['outputs']):
+        expected_out, expected_logits = _reference_attention(case)
+        tolerance = DTYPES[case['q'].dtype]
+        assert out.dtype == logits.dtype == case['q'].dtype and out.is_contiguous() and logits.is_contiguous()
+        torch.testing.assert_close(logits, expected_logits, **tolerance)
+        torch.testing.assert_close(out, expected_out, **tolerance)
+    # the layer ran the kernel under no_grad only; the model's two evolved layers (of 3) too
+    assert result['calls'] == [True, True, True]
+    layer = result['layer']
+    for fused, reference, with_gradient in zip(layer['fused'], layer['reference'], layer['with_gradient']):
+        torch.testing.assert_close(fused, reference)
+        torch.testing.assert_close(with_gradient, reference)
+    torch.testing.assert_close(result['model']['fused'], result['model']['reference'])
+
+
+def test_the_kernels_build_for_an_h100_and_only_the_matmul_forms_use_tensor_cores():
+    # the GPU code itself, which the interpreter does not build: EA-AA-ResNet-50's maps (8 heads, 196 keys; 8 key
+    # channels a head and 14 + 14 of relative logits, 4 value channels) in bf16, in the first configuration the
+    # autotuner keeps for each kernel
     triton = pytest.importorskip('triton')
     if tuple(int(part) for part in triton.__version__.split('.')[:2]) < (3, 8):
         pytest.skip(f'Triton {triton.__version__}: the build uses the compiler API of Triton 3.8')
@@ -134,6 +235,11 @@ def test_both_forms_build_for_an_h100_and_only_the_matmul_form_uses_tensor_cores
         config = _evolution_triton._within_registers(autotuned.configs, shapes)[0]
         ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
         assert ('mma.sync' in ptx or 'wgmma' in ptx) == matmul, f'matmul={matmul}, {config}'
+    autotuned = _evolution_triton.evolving_attention_autotuned  # q kᵀ and the values' product as matrix products
+    shapes = evolution_kernel.attention_shapes(8, 8 + 14 + 14, 4, 3, has_bias=True, conv_weight=1.)
+    config = _evolution_triton._attention_within_registers(autotuned.configs, shapes)[0]
+    ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
+    assert 'mma.sync' in ptx or 'wgmma' in ptx, config
 
 
 def test_the_reasons_it_cannot_run():
@@ -144,6 +250,13 @@ def test_the_reasons_it_cannot_run():
     assert 'takes torch.float32' in fused_evolution_unsupported_reason(maps.double(), maps, weight)
     wide = torch.empty(1, 8, 2049, 2049, device='meta')  # 4,096 keys (padded) × 8 heads
     assert '8 heads of 2049 keys do not fit' in fused_evolution_unsupported_reason(wide, wide, torch.zeros(8, 8, 3, 3))
+    tokens = torch.zeros(1, 4, 5, 8)
+    assert 'runs on CUDA' in fused_attention_unsupported_reason(tokens, tokens, tokens, maps, weight)
+    assert 'no backward' in fused_attention_unsupported_reason(tokens.clone().requires_grad_(), tokens, tokens, maps,
+                                                               weight)
+    wide_heads = torch.zeros(1, 4, 5, 129)
+    assert '4 heads of 129 channels do not fit' in fused_attention_unsupported_reason(tokens, tokens, wide_heads, maps,
+                                                                                      weight)
 
 
 def test_the_triton_layout_is_the_default_one_where_the_kernel_cannot_run():

@@ -37,8 +37,11 @@ times an evolving-attention model with each way of running the update over its a
 (``timm_attnconv.layers.set_evolution_layout``; or those named): ``'auto'`` (the default: the Triton kernel at
 inference on CUDA, else channels_last), the convolution in channels_last (measured faster on CPU), in NCHW memory
 format, channels_last with the heads zero-padded to 8 channels, as shifted multiply-adds that inductor fuses into one
-kernel, and the whole update as one Triton kernel (inference on CUDA; channels_last elsewhere); likewise (with
-``--train``, their training steps).
+kernel, the whole update as one Triton kernel, its convolution as multiply-adds or as matrix products (inference on
+CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel (likewise); likewise
+(with ``--train``, their training steps). ``--evolution-layout`` runs the EA models of ``--versus`` pairs in one
+such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --evolution-layout
+triton_attention``).
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -304,13 +307,18 @@ def compare_models(
         name: str, baseline: str, img_size: int, batch_size: int, iters: int = 3, device: str = 'cpu',
         baseline_kwargs: Optional[Dict[str, object]] = None, amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
+        evolution_layout: Optional[str] = None,
 ) -> Dict[str, object]:
     """Inference img/s and peak memory of ``name`` against a ``baseline`` model (e.g. timm's own ``resnet50``);
-    ``time_ratio`` is the median over ``iters`` interleaved repetitions of the model's time over the baseline's."""
+    ``time_ratio`` is the median over ``iters`` interleaved repetitions of the model's time over the baseline's.
+    ``evolution_layout``: the layout of every evolving-attention update of both (``set_evolution_layout``; None: the
+    models' default)."""
     dev = torch.device(device)
     x = _images(batch_size, img_size, dev, channels_last)
     models = [cli.create_model(model_name, '--baseline-kwargs', kwargs).eval().to(dev)
               for model_name, kwargs in ((name, {}), (baseline, baseline_kwargs or {}))]
+    if evolution_layout is not None:
+        models = [set_evolution_layout(model, evolution_layout) for model in models]
     sides = [inference_call(_prepared(m, compile_model, channels_last), x, amp) for m in models]
     model_row, baseline_row = (_first_call(side, dev) for side in sides)
     timing = measure(sides, iters, dev, max_warmup)
@@ -526,7 +534,7 @@ def _versus(pairs: Sequence[Tuple[str, str]], args: argparse.Namespace) -> List[
     for name, baseline in pairs:
         for size in args.sizes:
             r = compare_models(name, baseline, size, args.batch_size or 8, args.iters, args.device,
-                               args.baseline_kwargs, **_options(args))
+                               args.baseline_kwargs, evolution_layout=args.evolution_layout, **_options(args))
             time_ratio = ratio_text(dict(median=r['time_ratio'], min=r['time_ratio_min'], max=r['time_ratio_max']))
             print(f"{name:22s} {baseline:12s} {size:4d} {r['batch']:5d} {r['img_s']:8.2f} {r['baseline_img_s']:10.2f} "
                   f"{time_ratio:>19s} {r['peak_mb']:8.1f} {r['baseline_peak_mb']:8.1f} {r['memory_ratio']:6.2f}x",
@@ -685,7 +693,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'their attention maps in each of these layouts (default: all, the default first: auto, '
                              'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
                              'channels, shifted multiply-adds fused into one kernel, the update as one Triton '
-                             'kernel at inference on CUDA); speed is relative to the first')
+                             'kernel at inference on CUDA, its convolution as multiply-adds or as matrix products, '
+                             'and the whole attention of each evolved layer as one); speed is relative to the first')
+    parser.add_argument('--evolution-layout', choices=EVOLUTION_LAYOUTS, default=None,
+                        help='with --versus: every evolving-attention model of the pairs with its maps\' update in '
+                             'this layout (default: the models\' own, auto)')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
@@ -696,6 +708,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
     if args.evolution_layouts is not None and not args.models:
         parser.error('--evolution-layouts times the models named by --models, e.g. deit_ea_small_patch16_224')
+    if args.evolution_layout is not None and args.versus is None:
+        parser.error('--evolution-layout sets the layout of the --versus pairs\' EA models; to compare layouts of '
+                     'one model: --evolution-layouts')
     return args
 
 

@@ -58,7 +58,7 @@ from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
-           'run_compiled_alone', 'set_attn_kernel']
+           'run_compiled_alone', 'set_attn_kernel', 'with_axis_channels']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -112,14 +112,14 @@ def relative_logits(
     ``q``, ``k``: ``(B, h, N, d)``; ``rows``/``cols``: the axis terms of the module docstring; ``bias``:
     ``(B or 1, h, N, N)``, for position terms without a row+column form.
 
-    On CUDA the axis terms enter as channels of one matrix product (:func:`_with_axis_channels`, as SDPA one-hot's
+    On CUDA the axis terms enter as channels of one matrix product (:func:`with_axis_channels`, as SDPA one-hot's
     do), which writes the maps once: added to them afterwards, each term was a pass that reads and writes the
     ``(B, h, N, N)`` maps, and on an H200 the two took 2.7 ms of EA-AA-ResNet-50's 30 ms per batch of 128
     (BENCHMARK.md's op profiles). On the CPU, and under tracing, they are added through the maps' ``(h, w, h, w)``
     view.
     """
     if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
-        q, k = _with_axis_channels(q, k, scale, rows, cols)
+        q, k = with_axis_channels(q, k, scale, rows, cols)
         return q @ k.transpose(-1, -2)
     logits = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
     if bias is not None:
@@ -201,7 +201,7 @@ def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dty
     return torch.cat([F.one_hot(keys // width, height), F.one_hot(keys % width, width)], dim=-1).to(dtype)
 
 
-def _with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, cols: torch.Tensor,
+def with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, cols: torch.Tensor,
                         min_channels: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to a multiple of 8 channels (at least
     ``min_channels``): the product of a query's and a key's rows is ``scale q·k + rows[key's row] + cols[key's
@@ -234,7 +234,7 @@ def _onehot_axis_attention(
 ) -> torch.Tensor:
     # SDPA's own logit is the one of the axis channels: no mask (module docstring); one width for q, k and v
     value_dim, heads = v.shape[-1], v.shape[1]
-    q, k = _with_axis_channels(q, k, scale, rows, cols, value_dim)
+    q, k = with_axis_channels(q, k, scale, rows, cols, value_dim)
     v, _ = _one_head_if_shared(v)
     v = F.pad(v.to(q.dtype), [0, q.shape[-1] - value_dim]).expand(-1, heads, -1, -1)
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)[..., :value_dim]

@@ -191,10 +191,6 @@ class AAConv2d(AttentionLayer):
         rows, cols = rel_logits_2d(q_grid, q_grid, self.rel_rows, self.rel_cols, self.resize_tables)
         return rows, cols
 
-    def _logits(self, q: torch.Tensor, k: torch.Tensor, grid: Tuple[int, int]) -> torch.Tensor:
-        rows, cols = self._relative_terms(q, grid)
-        return relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
-
     def _combine_heads(self, heads: torch.Tensor, grid: Tuple[int, int], channels_last: bool) -> torch.Tensor:
         # (B, N_h, hw, d_vh) → head-major channels (B, d_v, h, w): the transpose public ports forget (the appendix's
         # combine_heads_2d; leaderj1001/Attention-Augmented-Conv2d issues #21, #25). In the input's memory format:
@@ -251,7 +247,13 @@ class AAConv2d(AttentionLayer):
         """
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
-        logits = self._logits(q, k, grid)
+        rows, cols = self._relative_terms(q, grid)
+        if not torch.jit.is_scripting() and self.evolve is not None and not self.form_maps:
+            fused = self.evolve.attend(q, k, v, prev, rows, cols)  # where the layout asks for it and it runs
+            if fused is not None:
+                self.logits_tap(fused[1])  # a hook there reads the maps
+                return self._output(x, fused[0], grid), fused[1]
+        logits = relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
         return self._output(x, attention_probs(self.logits_tap(logits)) @ v, grid), logits

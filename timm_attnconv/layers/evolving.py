@@ -32,9 +32,10 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs, run_compiled_alone
+from .attention_kernels import attention_probs, run_compiled_alone, with_axis_channels
 from .augmented_conv import AAConv2d
-from .evolution_kernel import fused_evolve_or_none
+from .evolution_kernel import (fused_attention_unsupported_reason, fused_evolve_or_none,
+                               fused_evolving_attention_or_none)
 from .forward_errors import raise_value_error
 from .kernel_failures import KernelFailed, KernelFailures
 
@@ -42,10 +43,12 @@ __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttenti
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
 # how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: 'auto', three memory
-# formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps, and
+# formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps,
 # 'triton' and 'triton_matmul', the whole update in one Triton kernel where it can run (inference on CUDA), its
-# convolution as multiply-adds or as matrix products (evolution_kernel.py)
-EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul')
+# convolution as multiply-adds or as matrix products, and 'triton_attention', the layer's whole attention with the
+# update in one Triton kernel (evolution_kernel.py)
+EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul',
+                     'triton_attention')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -86,7 +89,8 @@ class AttentionEvolution(nn.Module):
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
         layout = self.conv_layout
-        takes_kernel = layout in ['auto', 'triton', 'triton_matmul']  # a literal: TorchScript reads no global tuple
+        # a literal: TorchScript reads no global tuple ('triton_attention' where the layer did not fuse its attention)
+        takes_kernel = layout in ['auto', 'triton', 'triton_matmul', 'triton_attention']
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
             if layout == 'shifted_sum':
                 # the update compiled alone (a compiled model's graph takes it in, fused there)
@@ -99,6 +103,27 @@ class AttentionEvolution(nn.Module):
         if takes_kernel:
             layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
         return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: Optional[torch.Tensor],
+               rows: Optional[torch.Tensor] = None, cols: Optional[torch.Tensor] = None
+               ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """``(softmax(L) v, L)`` with ``L = self(S, prev)``, ``S = q kᵀ`` (``q`` scaled) plus the axis terms ``rows``
+        and ``cols`` where given (:func:`~timm_attnconv.layers.relative_logits`), in one Triton kernel that writes
+        neither ``S`` nor the probabilities, where the layout is ``'triton_attention'`` and the kernel can run
+        (inference on CUDA, outside a compiled graph: :func:`~timm_attnconv.layers.evolution_kernel.
+        fused_evolving_attention`); else ``None``, and the layer forms its logits and calls this module (the same
+        result up to rounding)."""
+        if self.conv_layout != 'triton_attention' or self.training or prev is None:
+            return None
+        weight = self.conv.weight
+        if fused_attention_unsupported_reason(q, k, v, prev, weight) is not None:
+            return None  # asked before the axis channels are built (and before shapes a trace may hold as values)
+        if prev.shape != (q.shape[0], q.shape[1], q.shape[2], q.shape[2]):
+            return None  # forward's error says what is wrong
+        if rows is not None and cols is not None:
+            q, k = with_axis_channels(q, k, 1.0, rows, cols)
+        return fused_evolving_attention_or_none(q, k, v, prev, weight, self.conv.bias, self.evolve_residual,
+                                                self.evolve_conv_weight)
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -219,11 +244,14 @@ def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton kernel that reads each
     map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a compiled graph, elsewhere
     ``'channels_last'``) or ``'triton_matmul'`` (that kernel with the convolution as matrix products, on tensor cores
-    in half precision). The same update, up to the rounding of sums in another order; the faster layout depends on
+    in half precision) or ``'triton_attention'`` (where that kernel runs, each evolved layer's whole attention, its
+    logits, update, softmax and values, in one Triton kernel that writes the evolved logits only:
+    :func:`~timm_attnconv.layers.evolution_kernel.fused_evolving_attention`; elsewhere as ``'triton'``). The same
+    update, up to the rounding of sums in another order; the faster layout depends on
     the device, the number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager,
     with 4 heads (EA-AA-ResNet-20: 1.28×); on an H100 they lost to channels_last on EA-DeiT-S (0.77× eager, 0.62×
     compiled), and the Triton kernel won (bf16 inference: EA-DeiT-S 1.51×, EA-AA-ResNet-50 1.12×; its matrix-product
-    form not measured yet). Returns ``model``."""
+    form and the fused attention not measured yet). Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():
@@ -351,7 +379,8 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
     """timm's ViT ``Attention`` (its parameters, their names and initialisation) as a member of an EA chain.
 
     The maps are convolved and handed on (Wang et al. 2021, §3), so this layer forms its logits explicitly, class
-    token included, never through a fused kernel: :meth:`forward_chain` is its attention. It equals timm's unfused
+    token included, never through timm's fused kernel (SDPA): :meth:`forward_chain` is its attention (with the
+    evolution layout ``'triton_attention'``, EA's own fused kernel, which writes the logits it hands on). It equals timm's unfused
     ``Attention`` at a chain start (tested), so a timm release that changes that forward fails the tests loudly.
     """
 
@@ -375,14 +404,24 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
         batch, tokens, _ = x.shape
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        logits = (self.q_norm(q) * self.scale) @ self.k_norm(k).transpose(-2, -1)
+        q, k = self.q_norm(q) * self.scale, self.k_norm(k)
+        if not torch.jit.is_scripting() and self.evolve is not None and not self.form_maps:
+            fused = self.evolve.attend(q, k, v, prev)  # where the layout asks for it and it runs
+            if fused is not None:
+                self.logits_tap(fused[1])  # a hook there reads the maps
+                return self._project(x, fused[0]), fused[1]
+        logits = q @ k.transpose(-2, -1)
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
-        y = self.attn_drop(attention_probs(self.logits_tap(logits))) @ v
-        y = self.norm(y.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
+        return self._project(x, self.attn_drop(attention_probs(self.logits_tap(logits))) @ v), logits
+
+    def _project(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        # (B, h, N, d) → (B, N, C): timm's Attention after its attention product
+        batch, tokens = x.shape[0], x.shape[1]
+        y = self.norm(heads.transpose(1, 2).reshape(batch, tokens, self.attn_dim))
         if self.gate is not None:
             y = y * self.gate(x).sigmoid()
-        return self.proj_drop(self.proj(y)), logits
+        return self.proj_drop(self.proj(y))
 
 
 def check_timm_api(base: type, forward_args: Tuple[str, ...], module: nn.Module, attributes: Sequence[str]) -> None:

@@ -121,10 +121,13 @@ step $B --kernels --models aa_resnet50 --batch-size 128
 step $B --kernels --models sa_learned_content_cifar --batch-size 128
 # EA's update as one Triton kernel (inference on CUDA), its convolution as multiply-adds ('triton', the default
 # since session 40) and as matrix products on tensor cores ('triton_matmul', session 42, not run on a GPU before),
-# against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles. Each
-# kernel's first call per map shape autotunes it (one step per model, so that this fits the 90 s of an eager step)
-step $B --evolution-layouts channels_last triton triton_matmul --models deit_ea_small_patch16_224 --batch-size 128
-step $B --evolution-layouts channels_last triton triton_matmul --models ea_aa_resnet50 --batch-size 128
+# against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles; and
+# the layer's whole attention in one kernel ('triton_attention', session 43, not run on a GPU before). Each kernel's
+# first call per map shape autotunes it (one step per model, so that this fits the 90 s of an eager step)
+step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models deit_ea_small_patch16_224 \
+  --batch-size 128
+step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models ea_aa_resnet50 \
+  --batch-size 128
 # the compiled AA target: SDPA with the bias as its mask (what 'auto' takes in a compiled model on CUDA) against SDPA
 # without a mask and FlexAttention inside the model's graph (before session 37's fix, torch 2.11 refused the latter)
 step $B --compile --kernels sdpa sdpa_onehot flex --models aa_resnet50 --batch-size 128
@@ -134,4 +137,11 @@ step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --bat
 # the EA twin's training steps per layout of its map convolution (GPU plan D trains it): the shifted sums lost at
 # inference on EA-DeiT-S (session 37: 0.77x eager, 0.62x compiled), but won on the CPU with this model's 4 heads
 step $B --train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256
+# the EA targets (steps 6 and 7) with each evolved layer's whole attention in one Triton kernel ('triton_attention',
+# session 43, not run on a GPU before): q k^T of the convolution's taps, the update and an online softmax with the
+# values, writing only the logits the next layer takes; 'auto' takes it only once it wins steps 20-21
+step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128 \
+  --evolution-layout triton_attention
+step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128 \
+  --evolution-layout triton_attention
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50
