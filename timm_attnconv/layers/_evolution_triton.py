@@ -219,7 +219,7 @@ evolve_autotuned = _autotuned(evolve)
 evolve_as_matmul_autotuned = _autotuned(evolve_as_matmul)
 
 
-def attention_accumulators(shapes: dict, block_q: int, block_k: int) -> int:
+def _attention_accumulators(shapes: dict, block_q: int, block_k: int) -> int:
     """The fp32 accumulators one program of :func:`evolving_attention` holds: every output head's convolution of its
     pairs and its product with the values."""
     return shapes['OUTS'] * block_q * (block_k + shapes['V_DIM'])
@@ -229,7 +229,7 @@ def _attention_within_registers(configs, named_args, **kwargs):
     # the blocks whose accumulators stay within twice ACCUMULATORS (the smallest blocks where none does)
     shapes = dict(named_args, **kwargs)
     fitting = [config for config in configs
-               if attention_accumulators(shapes, config.kwargs['BLOCK_Q'], config.kwargs['BLOCK_K'])
+               if _attention_accumulators(shapes, config.kwargs['BLOCK_Q'], config.kwargs['BLOCK_K'])
                <= 2 * ACCUMULATORS]
     return fitting or configs[:1]
 

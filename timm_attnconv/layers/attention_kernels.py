@@ -202,7 +202,7 @@ def _axis_onehot(height: int, width: int, device: torch.device, dtype: torch.dty
 
 
 def with_axis_channels(q: torch.Tensor, k: torch.Tensor, scale: float, rows: torch.Tensor, cols: torch.Tensor,
-                        min_channels: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                       min_channels: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """``[scale·q, rows, cols]`` and ``[k, e_row, e_col]``, zero-padded to a multiple of 8 channels (at least
     ``min_channels``): the product of a query's and a key's rows is ``scale q·k + rows[key's row] + cols[key's
     column]``, the logit (module docstring). Keys shared by every head (a stride-0 head axis) stay shared."""
