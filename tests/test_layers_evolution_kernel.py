@@ -169,13 +169,16 @@ def _attention_cases():
         def randn(*shape):
             return torch.randn(*shape, generator=generator)
         q, k, v = randn(2, heads, tokens, qk_dim), randn(2, heads, tokens, qk_dim), randn(2, heads, tokens, v_dim)
-        cases.append(dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), prev=(3 * randn(2, heads, tokens, tokens)).to(dtype),
+        prev = (3 * randn(2, heads, tokens, tokens)).to(dtype)
+        cases.append(dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), prev=prev,
                           weight=0.3 * randn(heads, heads, size, size), bias=randn(heads) if has_bias else None,
                           residual=residual, conv_weight=conv_weight))
     # queries and values with their channels strided (an AA layer's), keys shared by every head (stride 0)
+    def channels_strided(x):
+        return x.transpose(-1, -2).contiguous().transpose(-1, -2)
     first = dict(cases[0])
-    first.update(q=first['q'].transpose(-1, -2).contiguous().transpose(-1, -2),
-                 k=first['k'][:, :1].expand(-1, 3, -1, -1), v=first['v'].transpose(-1, -2).contiguous().transpose(-1, -2))
+    first.update(q=channels_strided(first['q']), k=first['k'][:, :1].expand(-1, 3, -1, -1),
+                 v=channels_strided(first['v']))
     return cases + [first]
 
 

@@ -380,8 +380,9 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
 
     The maps are convolved and handed on (Wang et al. 2021, §3), so this layer forms its logits explicitly, class
     token included, never through timm's fused kernel (SDPA): :meth:`forward_chain` is its attention (with the
-    evolution layout ``'triton_attention'``, EA's own fused kernel, which writes the logits it hands on). It equals timm's unfused
-    ``Attention`` at a chain start (tested), so a timm release that changes that forward fails the tests loudly.
+    evolution layout ``'triton_attention'``, EA's own fused kernel, which writes the logits it hands on). It equals
+    timm's unfused ``Attention`` at a chain start (tested), so a timm release that changes that forward fails the tests
+    loudly.
     """
 
     def __init__(self, *args, **kwargs):

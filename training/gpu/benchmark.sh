@@ -2,8 +2,8 @@
 # On the GPU machine, before any training starts (a busy GPU makes every ratio meaningless): every comparison of
 # issue 18 in one go, bf16 autocast, interleaved sides, eager and compiled. Prints to stdout and to $OUT/benchmark.txt
 # (or ./benchmark.txt), each step followed by the seconds it took. The steps of the issue's targets come first (every
-# family eager, then compiled), then the ones that explain them. Each step is cut at 90 s (a compiled one at 150 s), so
-# the whole outlasts one 10-minute call: start it in the background and collect the file.
+# family eager, then compiled), then the ones that explain them. Each step is cut at 90 s (one that compiles at 150
+# s), so the whole outlasts one 10-minute call: start it in the background and collect the file.
 #   --profile         op profiles into profile.txt: after the eager targets, the models that miss the targets and
 #                     their bases, eager (the SA fast path beside dense at 96 px among them); last (compiled)
 #                     AA-ResNet-50 and ResNet-50
@@ -36,18 +36,19 @@ mkdir -p "${OUT:-.}"; out=${OUT:-.}/benchmark.txt; profile_out=${OUT:-.}/profile
 printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh waits while this pid runs
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
 P="python3 training/gpu/op_profile.py --device ${DEVICE:-cuda} --shapes"
-compiled_min=60  # the least budget a compiled step starts with: compiling both sides alone can take most of it
+compiled_min=60  # the least budget a compiling step starts with: compiling both sides alone can take most of it
 # Triton's autotuner prints the configuration it picks for EA's kernels, and how long it took (which block of query
 # rows wins where is not measured yet, layers/_evolution_triton.py)
 export TRITON_PRINT_AUTOTUNING=1
-run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s, compiled 150 s) or at what is left of the budget
+run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s; 150 s where it compiles: torch.compile, or the
+  # autotuning of EA's Triton kernels, 3 to 6 configurations each per map shape) or at what is left of the budget
   local file=$1 limit=90 started=$SECONDS; shift
-  case " $* " in *" --compile "*) limit=150;; esac
+  case " $* " in *" --compile "* | *" triton"*) limit=150;; esac
   if [ "$budget" -gt 0 ]; then
     local left=$((budget - SECONDS))
     if [ $left -le 0 ]; then echo "skipped (the budget of $budget s is spent): $*" | tee -a "$file"; return; fi
     if [ $limit -gt 90 ] && [ $left -lt $compiled_min ]; then  # it would be cut while compiling: leave it to eager ones
-      echo "skipped ($left s of the budget left, under the $compiled_min s a compiled step gets): $*" | tee -a "$file"
+      echo "skipped ($left s of the budget left, under the $compiled_min s a compiling step gets): $*" | tee -a "$file"
       return
     fi
     [ $left -ge $limit ] || limit=$left
@@ -123,7 +124,7 @@ step $B --kernels --models sa_learned_content_cifar --batch-size 128
 # since session 40) and as matrix products on tensor cores ('triton_matmul', session 42, not run on a GPU before),
 # against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles; and
 # the layer's whole attention in one kernel ('triton_attention', session 43, not run on a GPU before). Each kernel's
-# first call per map shape autotunes it (one step per model, so that this fits the 90 s of an eager step)
+# first call per map shape autotunes it (one step per model, each given the 150 s of a compiling step)
 step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models deit_ea_small_patch16_224 \
   --batch-size 128
 step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models ea_aa_resnet50 \
