@@ -248,10 +248,9 @@ class AAConv2d(AttentionLayer):
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
         rows, cols = self._relative_terms(q, grid)
-        if not torch.jit.is_scripting() and self.evolve is not None and not self.form_maps:
-            fused = self.evolve.attend(q, k, v, prev, rows, cols)  # where the layout asks for it and it runs
+        if not torch.jit.is_scripting():
+            fused = self.fused_evolved_attention(q, k, v, prev, rows, cols)
             if fused is not None:
-                self.logits_tap(fused[1])  # a hook there reads the maps
                 return self._output(x, fused[0], grid), fused[1]
         logits = relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
         if self.evolve is not None:

@@ -406,10 +406,9 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q) * self.scale, self.k_norm(k)
-        if not torch.jit.is_scripting() and self.evolve is not None and not self.form_maps:
-            fused = self.evolve.attend(q, k, v, prev)  # where the layout asks for it and it runs
+        if not torch.jit.is_scripting():
+            fused = self.fused_evolved_attention(q, k, v, prev)
             if fused is not None:
-                self.logits_tap(fused[1])  # a hook there reads the maps
                 return self._project(x, fused[0]), fused[1]
         logits = q @ k.transpose(-2, -1)
         if self.evolve is not None:
