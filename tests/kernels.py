@@ -1,7 +1,9 @@
-"""The check every attention layer with an ``attn_kernel`` choice shares: its kernels agree with the explicit maps."""
+"""What the attention tests share: the fp32 tolerance, the check every attention layer with an ``attn_kernel`` choice
+shares (its kernels agree with the explicit maps) and a recorder of per-head copies of shared keys or values."""
 from typing import Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32
 
@@ -25,3 +27,20 @@ def assert_sdpa_kernels_match_explicit(layer: torch.nn.Module, x: torch.Tensor,
         for grad, ref_grad in zip(grads, ref_grads):
             torch.testing.assert_close(grad, ref_grad, **TOL, msg=lambda m: f'{kernel}, a gradient: {m}')
     return ref.detach()
+
+
+class PerHeadCopies(TorchDispatchMode):
+    """Records the copies made of a tensor that is one tensor for every head: an input ``(B, h > 1, ...)`` whose
+    head axis has stride 0 (keys or values shared by the heads, expanded), cloned or cast into a full-size tensor."""
+
+    COPIES = (torch.ops.aten.clone.default, torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default)
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.COPIES:
+            self.shapes += [tuple(t.shape) for t in args if isinstance(t, torch.Tensor) and t.dim() >= 3
+                            and t.shape[1] > 1 and t.stride(1) == 0]
+        return func(*args, **(kwargs or {}))

@@ -16,7 +16,7 @@ from timm_attnconv.layers import (
 from timm_attnconv.data import load_samples, normalize
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
-from .kernels import TOL
+from .kernels import TOL, PerHeadCopies
 
 GRIDS = [(4, 4), (3, 5)]
 
@@ -114,6 +114,25 @@ def test_sdpa_onehot_builds_keys_and_values_shared_by_every_head_once(grid):
     for grad, ref_grad in zip(torch.autograd.grad(out, (q, tokens, rows, cols), grad_out),
                               torch.autograd.grad(ref, (q, tokens, rows, cols), grad_out)):
         torch.testing.assert_close(grad, ref_grad, **TOL)
+
+
+@pytest.mark.parametrize('shared', ['size 1', 'stride 0'])
+def test_a_product_with_one_operand_for_every_head_copies_it_nowhere(shared):
+    # the tokens as every head's keys or values: one batched product over the heads' rows, the same values and
+    # gradients as torch.matmul, which copies the shared operand once per head (and sums its gradient back)
+    a, tokens = torch.randn(2, 3, 5, 4, requires_grad=True), torch.randn(2, 1, 4, 6, requires_grad=True)
+    b = tokens if shared == 'size 1' else tokens.expand(-1, 3, -1, -1)
+    with PerHeadCopies() as copies:
+        out = attention_kernels.matmul_shared_heads(a, b)
+        grads = torch.autograd.grad(out, (a, tokens), torch.ones_like(out))
+    assert copies.shapes == []
+    ref = a @ tokens.expand(-1, 3, -1, -1)
+    torch.testing.assert_close(out, ref, **TOL)
+    for grad, ref_grad in zip(grads, torch.autograd.grad(ref, (a, tokens), torch.ones_like(ref))):
+        torch.testing.assert_close(grad, ref_grad, **TOL)
+    with PerHeadCopies() as copies:  # the check sees torch.matmul's copy
+        a @ tokens.expand(-1, 3, -1, -1)
+    assert copies.shapes == [(2, 3, 4, 6)]
 
 
 @pytest.mark.parametrize('grid', GRIDS)

@@ -10,7 +10,7 @@ from timm_attnconv.layers import (
     set_attn_kernel, set_attn_path)
 from timm_attnconv.layers import positional_attention
 
-from .kernels import TOL, assert_sdpa_kernels_match_explicit
+from .kernels import TOL, PerHeadCopies, assert_sdpa_kernels_match_explicit
 
 HEIGHT, WIDTH = 4, 6
 
@@ -272,6 +272,21 @@ def test_autocast_hands_the_kernels_one_copy_of_the_tokens_for_every_head(monkey
     for name in shared:
         assert seen[name].dtype == seen['q'].dtype == torch.bfloat16, name
         assert seen[name].stride(1) == 0, name
+
+
+@pytest.mark.parametrize('fused', [False, True])
+def test_a_content_layers_maps_meet_the_tokens_once_for_every_head(fused):
+    # the explicit maps and an evolving chain's: the values (and the folded keys) are the tokens for every head, taken
+    # by one product over all heads' rows, not copied once per head, in inference and training
+    attn = PositionalSelfAttention(8, 3, position='query_relative', content=True).eval()
+    attn = set_attn_kernel(attn.fuse() if fused else attn, 'explicit')
+    x = torch.randn(2, HEIGHT, WIDTH, 8, requires_grad=True)
+    with PerHeadCopies() as copies:
+        attn(x).sum().backward()
+        with torch.no_grad():
+            attn(x)
+            attn.forward_chain(x, None)
+    assert copies.shapes == []
 
 
 def test_an_evolving_chain_under_autocast_writes_no_fp32_map():

@@ -58,7 +58,7 @@ from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['ATTN_KERNELS', 'RECOMPILE_LIMIT', 'FlexKernelError', 'check_attn_kernel', 'relative_bias',
            'relative_logits', 'attention_probs', 'relative_attention', 'flex_unsupported_reason', 'choose_kernel',
-           'run_compiled_alone', 'set_attn_kernel', 'with_axis_channels']
+           'run_compiled_alone', 'set_attn_kernel', 'with_axis_channels', 'matmul_shared_heads']
 
 ATTN_KERNELS = ('auto', 'explicit', 'sdpa', 'sdpa_onehot', 'flex')
 # Triton's tl.dot, which FlexAttention's CUDA kernel is built on, needs at least 16 channels per head
@@ -120,8 +120,8 @@ def relative_logits(
     """
     if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
         q, k = with_axis_channels(q, k, scale, rows, cols)
-        return q @ k.transpose(-1, -2)
-    logits = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
+        return matmul_shared_heads(q, k.transpose(-1, -2))
+    logits = matmul_shared_heads(q * scale if scale != 1.0 else q, k.transpose(-1, -2))
     if bias is not None:
         return logits + bias.to(logits.dtype)
     if rows is not None and cols is not None:
@@ -136,6 +136,20 @@ def relative_logits(
         # broadcast in place over the (h, w, h, w) view: no (hw)² bias tensor is ever allocated
         as_grid.add_(row_terms).add_(col_terms)
     return logits
+
+
+def matmul_shared_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``a`` ``(B, h, N, K)`` and ``b`` ``(B, h or 1, K, M)``: ``(B, h, N, M)``.
+
+    Where ``b`` is one tensor for every head (a head axis of size 1 or stride 0: the tokens as every head's keys or
+    values in the content model), one batched product of ``(B, h·N, K)`` and ``(B, K, M)``. ``a @ b`` would first
+    copy ``b`` once per head, as ``torch.matmul`` expands a broadcast operand to full size, and its gradient would
+    sum those copies again.
+    """
+    batch, heads, rows, inner = a.shape
+    if b.dim() != 4 or b.shape[0] != batch or (b.shape[1] != 1 and b.stride(1) != 0):
+        return a @ b
+    return torch.bmm(a.reshape(batch, heads * rows, inner), b[:, 0]).view(batch, heads, rows, b.shape[-1])
 
 
 def attention_probs(logits: torch.Tensor) -> torch.Tensor:

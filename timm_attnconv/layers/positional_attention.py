@@ -24,7 +24,8 @@ from timm.layers import register_notrace_module, use_fused_attn
 from .attention_interface import AttentionLayer
 from .forward_errors import raise_value_error
 from .position_scores import position_term
-from .attention_kernels import attention_probs, check_attn_kernel, choose_kernel, relative_attention, relative_logits
+from .attention_kernels import (
+    attention_probs, check_attn_kernel, choose_kernel, matmul_shared_heads, relative_attention, relative_logits)
 
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
@@ -344,7 +345,7 @@ class PositionalSelfAttention(AttentionLayer):
             kernel = self._content_kernel(q, k, values, rows, bias is not None, dropout_p)
             if kernel == 'explicit':
                 probs = attention_probs(self.logits_tap(relative_logits(q, k, self.scale, rows, cols, bias)))
-                out = self.attn_drop(probs) @ values
+                out = matmul_shared_heads(self.attn_drop(probs), values)
             else:
                 out = relative_attention(q, k, values, self.scale, kernel, rows, cols, bias, dropout_p,
                                          self.attn_kernel)
@@ -369,7 +370,8 @@ class PositionalSelfAttention(AttentionLayer):
             # up would write the largest tensor of the layer in fp32 once more
             probs = probs.to(x.dtype)
         probs = self.attn_drop(probs)
-        heads = (probs @ x.reshape(batch, 1, height * width, dim)).transpose(1, 2)  # (B, N, heads, D)
+        values = x.reshape(batch, 1, height * width, dim)  # every head's: the tokens
+        heads = matmul_shared_heads(probs, values).transpose(1, 2)  # (B, N, heads, D)
         out = self.proj_heads(heads.reshape(batch, height, width, self.num_heads * dim))
         return self.proj_drop(self.proj(out)), logits
 
