@@ -213,7 +213,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
     op_profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(op_profile)
     profiles = [op_profile.parse_args(argv[1:]) for argv in argvs if argv[0] == 'training/gpu/op_profile.py']
-    assert [args.compile for args in profiles] == [False, False, False, True]
+    assert [args.compile for args in profiles] == [False, False, False, False, True]
     for args in profiles:
         assert args.device == 'cpu' and args.shapes
         assert all(name in timm.list_models() for name, _ in args.models), args.models
@@ -223,6 +223,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
     assert ('ea_aa_resnet50', {'evolve': False}) in profiles[0].models
     assert profiles[1].img_size == 96 and ('sa_quadratic_cifar', {'attn_path': 'dense'}) in profiles[1].models
     assert profiles[2].batch_size == 256 and profiles[2].models == [('sa_learned_content_cifar', {})]
+    assert profiles[3].evolution_layout == 'triton_attention' and profiles[0].evolution_layout is None
 
 
 def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_it(tmp_path):

@@ -5,8 +5,8 @@
 # family eager, then compiled), then the ones that explain them. Each step is cut at 90 s (one that compiles at 150
 # s), so the whole outlasts one 10-minute call: start it in the background and collect the file.
 #   --profile         op profiles into profile.txt: after the eager targets, the models that miss the targets and
-#                     their bases, eager (the SA fast path beside dense at 96 px among them); last (compiled)
-#                     AA-ResNet-50 and ResNet-50
+#                     their bases, eager (the SA fast path beside dense at 96 px among them, the EA models also with
+#                     their fused attention); last (compiled) AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
 #                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
 #   --steps LIST      only these steps (counted from 1 as the steps below run; LIST as 4-6,19,21-: numbers and
@@ -113,6 +113,8 @@ if [ $profile = 1 ]; then  # where the time of the models that miss the targets 
   # the content model at its throughput target's batch (issue 18: at least 1.5x the 4,689 img/s of an H100), whose
   # time no profile has split yet
   run_to "$profile_out" $P --batch-size 256 sa_learned_content_cifar
+  # the EA models with each evolved layer's attention in one kernel (session 43): that kernel against the rest
+  run_to "$profile_out" $P --evolution-layout triton_attention ea_aa_resnet50 deit_ea_small_patch16_224
 fi
 targets --compile
 # what explains them: the paths 'auto' chooses between, the attention kernels, how EA's map convolution runs,

@@ -6,7 +6,8 @@
 Each MODEL[:JSON kwargs] at its default input size (or --img-size), in eval mode, under --amp autocast (default
 bf16), optionally compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over
 --steps forward passes with torch.profiler; printed: its time per image and the --top ops by self time on the device
-(the CPU when --device cpu). Run it on an idle GPU.
+(the CPU when --device cpu). --evolution-layout sets how the EA models' maps evolve (set_evolution_layout), e.g.
+'triton_attention', whose one kernel per layer the profile weighs against the rest. Run it on an idle GPU.
 """
 import argparse
 import json
@@ -17,6 +18,7 @@ import torch
 from timm_attnconv.benchmark import MAX_WARMUP, inference_call, seconds_of, warm_up  # registers the models too
 from timm_attnconv.cli import tune_for_device
 from timm_attnconv.constants import AMP_DTYPES
+from timm_attnconv.layers import EVOLUTION_LAYOUTS, set_evolution_layout
 
 
 def _model_and_kwargs(text):
@@ -27,6 +29,8 @@ def _model_and_kwargs(text):
 def profile(name, kwargs, args):
     device = torch.device(args.device)
     model = timm.create_model(name, **kwargs).eval().to(device)
+    if args.evolution_layout:
+        set_evolution_layout(model, args.evolution_layout)
     size = model.pretrained_cfg['input_size']
     if args.img_size:
         size = (size[0], args.img_size, args.img_size)
@@ -42,6 +46,8 @@ def profile(name, kwargs, args):
     per_image_us = seconds / (args.steps * args.batch_size) * 1e6
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     label = f'{name} {json.dumps(kwargs)}' if kwargs else name
+    if args.evolution_layout:
+        label += f', evolution layout {args.evolution_layout}'
     print(f"== {label}, {size[1]} px, batch {args.batch_size}, "
           f"{args.amp}, compile {'on' if args.compile else 'off'}: {per_image_us:.1f} µs/image while profiled")
     print(prof.key_averages(group_by_input_shape=args.shapes).table(sort_by=sort_by, row_limit=args.top), flush=True)
@@ -61,6 +67,8 @@ def parse_args(argv=None):
     parser.add_argument('--steps', type=int, default=5)
     parser.add_argument('--top', type=int, default=25)
     parser.add_argument('--shapes', action='store_true', help='one row per op and input shapes')
+    parser.add_argument('--evolution-layout', choices=EVOLUTION_LAYOUTS,
+                        help="how every evolving-attention model's maps evolve (default: the models' own, 'auto')")
     return parser.parse_args(argv)
 
 
