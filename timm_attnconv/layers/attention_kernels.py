@@ -116,7 +116,8 @@ def relative_logits(
     do), which writes the maps once: added to them afterwards, each term was a pass that reads and writes the
     ``(B, h, N, N)`` maps, and on an H200 the two took 2.7 ms of EA-AA-ResNet-50's 30 ms per batch of 128
     (BENCHMARK.md's op profiles). On the CPU, and under tracing, they are added through the maps' ``(h, w, h, w)``
-    view.
+    view. Keys shared by every head (the content model's folded keys) enter as one tensor
+    (:func:`matmul_shared_heads`).
     """
     if rows is not None and cols is not None and bias is None and q.is_cuda and not torch.jit.is_tracing():
         q, k = with_axis_channels(q, k, scale, rows, cols)
