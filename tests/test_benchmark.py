@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from timm_attnconv import benchmark
-from timm_attnconv.layers import set_attn_kernel
+from timm_attnconv.layers import PositionalSelfAttention, set_attn_kernel
 
 CPU = torch.device('cpu')
 RATIO = re.compile(r'\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)')  # median (min–max)
@@ -180,6 +180,28 @@ def test_kernels_end_to_end_on_cpu(capsys, eager_flex):
     out = capsys.readouterr().out
     flex_line, = [line for line in out.splitlines() if line.startswith('aa_resnet20_cifar') and ' flex ' in line]
     assert RATIO.search(flex_line)
+
+
+def test_kernels_of_the_inference_form(capsys, monkeypatch):
+    # --reparameterize: each kernel times the model as reparameterize_model leaves it (the content layers' keys
+    # folded into their queries), the form of the content model's targets; refused where nothing is reparameterized
+    timed = []
+    original = benchmark.set_attn_kernel
+
+    def recording(model, kernel):
+        timed.append([layer.k is None for layer in model.modules() if isinstance(layer, PositionalSelfAttention)])
+        return original(model, kernel)
+    monkeypatch.setattr(benchmark, 'set_attn_kernel', recording)
+    rows = benchmark.main(['--kernels', 'explicit', 'sdpa_onehot', '--reparameterize', '--models',
+                           'sa_learned_content_tiny_cifar', '--sizes', '16', '--batch-size', '2', '--iters', '2',
+                           '--max-warmup', '2', '--device', 'cpu'])
+    assert [r['kernel'] for r in rows] == ['explicit', 'sdpa_onehot'] and rows[1]['max_abs_diff'] < 1e-4
+    assert len(timed) == 2 and all(folded and all(folded) for folded in timed)
+    assert 'inference form (reparameterize_model)' in capsys.readouterr().out
+    for argv in (['--reparameterize'], ['--train', '--kernels', '--reparameterize', '--models', 'aa_resnet20_cifar']):
+        with pytest.raises(SystemExit):
+            benchmark.parse_args(argv)
+        assert '--reparameterize times the inference form' in capsys.readouterr().err
 
 
 def test_training_steps_through_each_kernel_on_cpu(capsys):

@@ -337,19 +337,24 @@ def compare_variants(
         name: str, img_size: Optional[int], batch_size: int, variants: Variants, label: str = 'variant',
         iters: int = 3, device: str = 'cpu', amp: Optional[torch.dtype] = None,
         compile_model: bool = False, max_warmup: int = MAX_WARMUP, channels_last: bool = False,
+        reparameterize: bool = False,
 ) -> List[Dict[str, object]]:
     """Inference of ``name`` in each variant (a copy of the model, same weights, set up by the variant's function),
     interleaved: one row per variant, named under ``label``, with img/s, ``speed`` = the first variant's time over
     this one's (median and range over repetitions), peak memory of one forward pass and ``max_abs_diff`` of the logits
     against the first variant's. A variant that cannot run here (a ``ValueError`` that says why) or, with
     ``compile_model``, that does not compile here gives a row with its ``error`` instead, and the others are timed.
-    ``img_size`` None: the model's default input size."""
+    ``img_size`` None: the model's default input size. ``reparameterize``: the model's inference form
+    (``timm.utils.reparameterize_model``), as the fast side of :func:`compare_paths` runs it."""
     import copy
 
     import timm
+    from timm.utils import reparameterize_model  # timm.models exports it only from timm 1.0.31
 
     dev = torch.device(device)
     model = timm.create_model(name).eval().to(dev)
+    if reparameterize:
+        model = reparameterize_model(model, inplace=True)
     img_size = img_size or model.pretrained_cfg['input_size'][-1]
     x = _images(batch_size, img_size, dev, channels_last)
     rows, sides, firsts = [], [], []
@@ -588,14 +593,15 @@ def _chosen_variants(args: argparse.Namespace) -> Optional[Tuple[str, str, Varia
 
 def _variants(args: argparse.Namespace, what: str, label: str, variants: Variants) -> List[Dict[str, object]]:
     # one table of compare_variants rows: each model of --models at each size (default: the model's own)
-    print(_header(f'{what}, inference', args))
+    form = ', the inference form (reparameterize_model)' if args.reparameterize else ''
+    print(_header(f'{what}, inference{form}', args))
     print(f"{'model':32s} {'px':>4s} {'batch':>5s} {label:20s} {'img/s':>9s} {'speed':>19s} {'peak MB':>9s} "
           f"{'max|Δlogit|':>11s}")
     rows = []
     for name in args.models:
         for size in args.sizes or [None]:  # None: the model's default input size
             for r in compare_variants(name, size, args.batch_size or 8, variants, label, iters=args.iters,
-                                      device=args.device, **_options(args)):
+                                      device=args.device, reparameterize=args.reparameterize, **_options(args)):
                 head = f"{name:32s} {r['img_size']:4d} {r['batch']:5d} {r[label]:20s}"
                 if 'error' in r:
                     print(f"{head} cannot run: {r['error']}", flush=True)
@@ -698,6 +704,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument('--evolution-layout', choices=EVOLUTION_LAYOUTS, default=None,
                         help='with --versus: every evolving-attention model of the pairs with its maps\' update in '
                              'this layout (default: the models\' own, auto)')
+    parser.add_argument('--reparameterize', action='store_true',
+                        help='with --kernels or --evolution-layouts: time each model\'s inference form '
+                             '(timm.utils.reparameterize_model: projections folded, a content layer\'s keys folded '
+                             'into its queries), as the original-vs-fast comparison does')
     parser.add_argument('--baseline-kwargs', type=cli.json_object, default=None,
                         help='JSON kwargs for the --versus baselines, e.g. \'{"evolve": false}\' for the base of an '
                              'EA model')
@@ -708,6 +718,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error('--kernels times the models named by --models, e.g. aa_resnet50 sa_learned_content_cifar')
     if args.evolution_layouts is not None and not args.models:
         parser.error('--evolution-layouts times the models named by --models, e.g. deit_ea_small_patch16_224')
+    if args.reparameterize and (args.train or (args.kernels is None and args.evolution_layouts is None)):
+        parser.error('--reparameterize times the inference form of the models of --kernels or --evolution-layouts '
+                     '(not of --train, which trains the model as built)')
     if args.evolution_layout is not None and args.versus is None:
         parser.error('--evolution-layout sets the layout of the --versus pairs\' EA models; to compare layouts of '
                      'one model: --evolution-layouts')

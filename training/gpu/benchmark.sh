@@ -121,9 +121,10 @@ targets --compile
 # training steps at batch 256, 32 px
 step $B --paths --models sa_quadratic_cifar sa_learned_cifar --sizes 32 64 96 --batch-size 64
 step $B --kernels --models aa_resnet50 --batch-size 128
-# the content model's kernels at its targets' batch (issue 18: peak memory at most 3 GB at batch 256): 'auto' takes
-# FlexAttention on CUDA for its memory, the slowest of the four at batch 128 (0.67x the explicit maps', session 37)
-step $B --kernels --models sa_learned_content_cifar --batch-size 256
+# the content model's kernels in its targets' form and batch (issue 18: the inference form, peak memory at most 3 GB
+# at batch 256): 'auto' takes FlexAttention on CUDA for its memory, the slowest of the four as built, at batch 128
+# (0.67x the explicit maps', session 37)
+step $B --kernels --reparameterize --models sa_learned_content_cifar --batch-size 256
 # EA's update as one Triton kernel (inference on CUDA), its convolution as multiply-adds ('triton', the default
 # since session 40) and as matrix products on tensor cores ('triton_matmul', session 42, not run on a GPU before),
 # against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles; and
