@@ -219,7 +219,8 @@ def test_evolution_layouts_end_to_end_on_cpu(capsys):
     rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
                            '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
     assert [r['evolution conv'] for r in rows] == ['auto', 'channels_last', 'nchw', 'channels_last_padded',
-                                                   'shifted_sum', 'triton', 'triton_matmul', 'triton_attention']
+                                                   'shifted_sum', 'triton', 'triton_matmul', 'triton_attention',
+                                                   'triton_attention_from_logits']
     assert rows[0]['speed'] == 1.0
     for row in rows[1:]:
         assert row['speed_min'] <= row['speed'] <= row['speed_max']

@@ -187,10 +187,11 @@ def test_a_pooled_aa_layers_upsample_is_interpolate_on_the_device(dtype, channel
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-# with gradients 'triton_matmul' and 'triton_attention' run as 'triton' does (channels_last): the checks below run
+# with gradients 'triton_matmul' and the fused attentions run as 'triton' does (channels_last): the checks below run
 # their kernels
 @pytest.mark.parametrize('layout', [layout for layout in EVOLUTION_LAYOUTS[1:]
-                                    if layout not in ('triton_matmul', 'triton_attention')])
+                                    if layout not in ('triton_matmul', 'triton_attention',
+                                                      'triton_attention_from_logits')])
 @pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_every_evolution_layout_gives_the_default_results_on_the_device(name, layout, compiled):
     # the shifted sums run as inductor's own kernel on the device (compiled alone in the eager model, or in the
@@ -238,13 +239,17 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
-def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dtype):
-    # 'triton_attention' on the layers of EA-DeiT-S (6 heads, 197 tokens, 64 channels) and EA-AA-ResNet-50 (8 heads,
-    # 196 and 49 tokens; 40 and 32 query/key channels with the relative logits, 4 and 8 value channels), r and c as
-    # released and not: the explicit path's logits and output
+@pytest.mark.parametrize('from_logits', [False, True], ids=['formed', 'read'])
+def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dtype, from_logits):
+    # 'triton_attention' (S formed in the kernel) and 'triton_attention_from_logits' (S read) on the layers of
+    # EA-DeiT-S (6 heads, 197 tokens, 64 channels) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens; 40 and 32
+    # query/key channels with the relative logits, 4 and 8 value channels), r and c as released and not: the explicit
+    # path's logits and output
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
-    from timm_attnconv.layers.evolution_kernel import fused_attention_unsupported_reason, fused_evolving_attention
+    from timm_attnconv.layers.evolution_kernel import (
+        fused_attention_unsupported_reason, fused_evolving_attention, fused_evolving_attention_from_logits,
+        fused_logits_attention_unsupported_reason)
     from timm_attnconv.layers.evolving import _evolve
     torch.manual_seed(0)
 
@@ -261,8 +266,12 @@ def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dty
         weight, bias = 0.3 * torch.randn(heads, heads, 3, 3, device=DEVICE), torch.randn(heads, device=DEVICE)
         args = (weight, bias, residual, conv_weight)
         with torch.no_grad():
-            assert fused_attention_unsupported_reason(q, k, v, prev, weight) is None
-            out, logits = fused_evolving_attention(q, k, v, prev, *args)
+            if from_logits:
+                assert fused_logits_attention_unsupported_reason(q @ k.transpose(-1, -2), v, prev, weight) is None
+                out, logits = fused_evolving_attention_from_logits(q @ k.transpose(-1, -2), v, prev, *args)
+            else:
+                assert fused_attention_unsupported_reason(q, k, v, prev, weight) is None
+                out, logits = fused_evolving_attention(q, k, v, prev, *args)
             expected_out, expected_logits = attention(q, k, v, prev, *args)
             exact_out, exact_logits = attention(q.double(), k.double(), v.double(), prev.double(), weight.double(),
                                                 bias.double(), residual, conv_weight)
@@ -282,14 +291,16 @@ def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dty
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-@pytest.mark.parametrize('layout', ['auto', 'triton', 'triton_matmul', 'triton_attention'])
+@pytest.mark.parametrize('layout', ['auto', 'triton', 'triton_matmul', 'triton_attention',
+                                    'triton_attention_from_logits'])
 def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name, layout, monkeypatch):
     # 'auto', the default layout, takes the update's kernel where it runs, as 'triton' and 'triton_matmul' do;
-    # 'triton_attention' the fused attention's in every evolved layer
+    # the fused attentions their kernel in every evolved layer
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers import evolving
-    calls = {'fused_evolve_or_none': [], 'fused_evolving_attention_or_none': []}
+    calls = {'fused_evolve_or_none': [], 'fused_evolving_attention_or_none': [],
+             'fused_evolving_attention_from_logits_or_none': []}
 
     def counting(function):
         original = getattr(evolving, function)
@@ -305,7 +316,9 @@ def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name
     model, x = model.to(DEVICE), x.to(DEVICE)
     variant = set_evolution_layout(copy.deepcopy(model), layout)
     reference = set_evolution_layout(model, 'channels_last')
-    ran = calls['fused_evolving_attention_or_none' if layout == 'triton_attention' else 'fused_evolve_or_none']
+    kernel = dict(triton_attention='fused_evolving_attention_or_none',
+                  triton_attention_from_logits='fused_evolving_attention_from_logits_or_none')
+    ran = calls[kernel.get(layout, 'fused_evolve_or_none')]
     with torch.inference_mode():
         _assert_near(variant(x), reference(x), f'{name}, {layout}, fp32')
         assert ran and all(ran), 'the Triton kernel did not run (or failed: see the warnings)'

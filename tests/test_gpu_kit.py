@@ -243,8 +243,7 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
         'skipped (the budget of 11 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
-        '--versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128 --evolution-layout '
-        'triton_attention\n')
+        '--evolution-layouts triton triton_attention_from_logits --models ea_aa_resnet50 --batch-size 128\n')
     printed = bench.communicate()[0]
     assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
     ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
@@ -283,8 +282,9 @@ def test_benchmark_runs_the_chosen_steps_and_names_the_others(tmp_path):
     assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in every_step[6]  # step 7: session 32's budget ended
     # steps 20 and 21: new in session 39, both forms of the kernel since session 42, the fused attention since 43
     assert '--evolution-layouts channels_last triton triton_matmul triton_attention' in every_step[19]
-    # steps 27 and 28: the EA targets with the fused attention (session 43)
-    assert all('--evolution-layout triton_attention' in every_step[k] for k in (26, 27)) and len(every_step) == 28
+    # steps 27 and 28: the EA targets with the fused attention (session 43); 29 and 30: its form that reads S (44)
+    assert all('--evolution-layout triton_attention' in every_step[k] for k in (26, 27)) and len(every_step) == 30
+    assert all('--evolution-layouts triton triton_attention_from_logits' in every_step[k] for k in (28, 29))
     assert '--compile --kernels sdpa sdpa_onehot flex' in every_step[21]
     assert '--compile --models sa_quadratic_cifar sa_learned_cifar --sizes 96' in every_step[11]
     # a step that autotunes EA's Triton kernels compiles: it gets 150 s, and is left out under 60 s of budget

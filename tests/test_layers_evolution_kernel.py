@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from timm_attnconv.layers import AAConv2d, AttentionEvolution, evolution_kernel, evolving, set_evolution_layout
-from timm_attnconv.layers.evolution_kernel import fused_attention_unsupported_reason, fused_evolution_unsupported_reason
+from timm_attnconv.layers.evolution_kernel import (
+    fused_attention_unsupported_reason, fused_evolution_unsupported_reason, fused_logits_attention_unsupported_reason)
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
 # the child: every case through each form of the kernel, and a layer under no_grad in its default layout and in
@@ -121,24 +122,33 @@ def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_
     torch.testing.assert_close(result['with_gradient'], expected)
 
 
-# the child of the fused attention's test: each case through the kernel, then an AA layer and an EA DeiT in the layout
-# 'triton_attention' and in 'channels_last', under no_grad and (the layer) with a gradient, counting the kernel's runs
+# the child of the fused attention's test: each case through the kernel in both forms (S formed, S read), then an AA
+# layer and an EA DeiT in the layouts 'triton_attention', 'triton_attention_from_logits' and 'channels_last', under
+# no_grad and (the layer) with a gradient, counting the kernels' runs
 INTERPRETED_ATTENTION = '''
 import sys
 import timm
 import torch
 import timm_attnconv
 from timm_attnconv.layers import AAConv2d, AttentionEvolution, evolving, set_evolution_layout
-from timm_attnconv.layers.evolution_kernel import fused_evolving_attention, fused_evolving_attention_or_none
-cases, aa_state, x, prev = torch.load(sys.argv[1], weights_only=True)
+from timm_attnconv.layers.evolution_kernel import (
+    fused_evolving_attention, fused_evolving_attention_from_logits, fused_evolving_attention_from_logits_or_none,
+    fused_evolving_attention_or_none)
+cases, logits_in, aa_state, x, prev = torch.load(sys.argv[1], weights_only=True)
 with torch.no_grad():
     outputs = [fused_evolving_attention(**case) for case in cases]
+    from_logits = [fused_evolving_attention_from_logits(logits, case['v'], case['prev'], case['weight'], case['bias'],
+                                                        case['residual'], case['conv_weight'])
+                   for case, logits in zip(cases, logits_in)]
 calls = []
-def counting(*args):
-    fused = fused_evolving_attention_or_none(*args)
-    calls.append(fused is not None)
-    return fused
-evolving.fused_evolving_attention_or_none = counting
+def counting(kernel):
+    def run(*args):
+        fused = kernel(*args)
+        calls.append((kernel.__name__, fused is not None))
+        return fused
+    return run
+evolving.fused_evolving_attention_or_none = counting(fused_evolving_attention_or_none)
+evolving.fused_evolving_attention_from_logits_or_none = counting(fused_evolving_attention_from_logits_or_none)
 aa = AAConv2d(6, 16, 3, num_heads=3, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(4, 5))
 aa.evolve = AttentionEvolution(3, 0.5, 0.8)
 aa.load_state_dict(aa_state)
@@ -147,14 +157,16 @@ layer = {}
 with torch.no_grad():
     layer['reference'] = set_evolution_layout(aa, 'channels_last').forward_chain(x, prev)
     layer['fused'] = set_evolution_layout(aa, 'triton_attention').forward_chain(x, prev)
+    layer['from_logits'] = set_evolution_layout(aa, 'triton_attention_from_logits').forward_chain(x, prev)
 layer['with_gradient'] = tuple(out.detach() for out in aa.forward_chain(x.requires_grad_(), prev))
 torch.manual_seed(0)
 deit = timm.create_model('deit_ea_tiny_patch16_224', img_size=32, patch_size=8, depth=3).eval()
 images = torch.randn(2, 3, 32, 32)
 with torch.no_grad():
     model = dict(reference=set_evolution_layout(deit, 'channels_last')(images),
-                 fused=set_evolution_layout(deit, 'triton_attention')(images))
-torch.save(dict(outputs=outputs, calls=calls, layer=layer, model=model), sys.argv[2])
+                 fused=set_evolution_layout(deit, 'triton_attention')(images),
+                 from_logits=set_evolution_layout(deit, 'triton_attention_from_logits')(images))
+torch.save(dict(outputs=outputs, from_logits=from_logits, calls=calls, layer=layer, model=model), sys.argv[2])
 '''
 
 
@@ -194,34 +206,42 @@ def _reference_attention(case):
 
 def test_the_fused_attention_is_the_layers_attention_with_the_reference_update(tmp_path):
     # 'triton_attention': the whole evolved attention in one kernel (q kᵀ of the convolution's taps, the update, an
-    # online softmax, the values): the reference's output and logits, through Triton's interpreter
+    # online softmax, the values), and 'triton_attention_from_logits', the same kernel reading the reference's S: the
+    # reference's output and logits, through Triton's interpreter
     pytest.importorskip('triton')
     cases = _attention_cases()
+    logits_in = [case['q'] @ case['k'].transpose(-1, -2) for case in cases]  # S, as the reference forms it
     torch.manual_seed(0)
     aa = AAConv2d(6, 16, 3, num_heads=3, kappa=0.5, upsilon=0.5, min_dim_head_qk=3, attn_grid=(4, 5))
     aa.evolve = AttentionEvolution(3, 0.5, 0.8)
     torch.nn.init.normal_(aa.evolve.conv.bias)
     x, prev = torch.randn(2, 6, 4, 5), torch.randn(2, 3, 20, 20)
-    torch.save((cases, aa.state_dict(), x, prev), tmp_path / 'in.pt')
+    torch.save((cases, logits_in, aa.state_dict(), x, prev), tmp_path / 'in.pt')
     env = dict(os.environ, TRITON_INTERPRET='1')
     done = subprocess.run([sys.executable, '-c', INTERPRETED_ATTENTION, str(tmp_path / 'in.pt'),
                            str(tmp_path / 'out.pt')], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = torch.load(tmp_path / 'out.pt', weights_only=True)
 
-    for case, (out, logits) in zip(cases, result['outputs']):
+    for case, *forms in zip(cases, result['outputs'], result['from_logits']):
         expected_out, expected_logits = _reference_attention(case)
         tolerance = DTYPES[case['q'].dtype]
-        assert out.dtype == logits.dtype == case['q'].dtype and out.is_contiguous() and logits.is_contiguous()
-        torch.testing.assert_close(logits, expected_logits, **tolerance)
-        torch.testing.assert_close(out, expected_out, **tolerance)
-    # the layer ran the kernel under no_grad only; the model's two evolved layers (of 3) too
-    assert result['calls'] == [True, True, True]
+        for out, logits in forms:
+            assert out.dtype == logits.dtype == case['q'].dtype and out.is_contiguous() and logits.is_contiguous()
+            torch.testing.assert_close(logits, expected_logits, **tolerance)
+            torch.testing.assert_close(out, expected_out, **tolerance)
+    # the layer ran each kernel under no_grad only, then the model's two evolved layers (of 3) each
+    formed, read = 'fused_evolving_attention_or_none', 'fused_evolving_attention_from_logits_or_none'
+    assert result['calls'] == [(formed, True), (read, True), (formed, True), (formed, True), (read, True),
+                               (read, True)]
     layer = result['layer']
-    for fused, reference, with_gradient in zip(layer['fused'], layer['reference'], layer['with_gradient']):
+    for fused, from_logits, reference, with_gradient in zip(layer['fused'], layer['from_logits'], layer['reference'],
+                                                            layer['with_gradient']):
         torch.testing.assert_close(fused, reference)
+        torch.testing.assert_close(from_logits, reference)
         torch.testing.assert_close(with_gradient, reference)
     torch.testing.assert_close(result['model']['fused'], result['model']['reference'])
+    torch.testing.assert_close(result['model']['from_logits'], result['model']['reference'])
 
 
 def test_the_kernels_build_for_an_h100_and_only_the_matmul_forms_use_tensor_cores():
@@ -239,10 +259,12 @@ def test_the_kernels_build_for_an_h100_and_only_the_matmul_forms_use_tensor_core
         ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
         assert ('mma.sync' in ptx or 'wgmma' in ptx) == matmul, f'matmul={matmul}, {config}'
     autotuned = _evolution_triton.evolving_attention_autotuned  # q kᵀ and the values' product as matrix products
-    shapes = evolution_kernel.attention_shapes(8, 8 + 14 + 14, 4, 3, has_bias=True, conv_weight=1.)
-    config = _evolution_triton._attention_within_registers(autotuned.configs, shapes)[0]
-    ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
-    assert 'mma.sync' in ptx or 'wgmma' in ptx, config
+    for from_logits in (False, True):  # S formed, or read (then only the values' product)
+        shapes = evolution_kernel.attention_shapes(8, 8 + 14 + 14, 4, 3, has_bias=True, conv_weight=1.,
+                                                   from_logits=from_logits)
+        config = _evolution_triton._attention_within_registers(autotuned.configs, shapes)[0]
+        ptx = _evolution_triton.build_for_gpu(autotuned, 'bf16', shapes, config).asm['ptx']
+        assert 'mma.sync' in ptx or 'wgmma' in ptx, (from_logits, config)
 
 
 def test_the_reasons_it_cannot_run():
@@ -260,6 +282,12 @@ def test_the_reasons_it_cannot_run():
     wide_heads = torch.zeros(1, 4, 5, 129)
     assert '4 heads of 129 channels do not fit' in fused_attention_unsupported_reason(tokens, tokens, wide_heads, maps,
                                                                                       weight)
+    # the form that reads S: the values' channels count, the query and key channels do not (it reads no q or k)
+    assert 'runs on CUDA' in fused_logits_attention_unsupported_reason(maps, tokens, maps, weight)
+    assert 'no backward' in fused_logits_attention_unsupported_reason(maps.clone().requires_grad_(), tokens, maps,
+                                                                      weight)
+    assert '4 heads of 129 channels do not fit' in fused_logits_attention_unsupported_reason(maps, wide_heads, maps,
+                                                                                             weight)
 
 
 def test_the_triton_layout_is_the_default_one_where_the_kernel_cannot_run():

@@ -65,13 +65,14 @@ def test_the_layout_switch_reaches_the_convolution(monkeypatch):
             ea(s, prev)
     # 3 heads padded to 8 channels; the shifted sums, compiled alone in an eager model, take the maps as they come;
     # the Triton kernels do not run on CPU tensors (outside their interpreter): 'auto', 'triton', 'triton_matmul' and
-    # 'triton_attention' (called with the logits: the layer did not fuse its attention) run channels_last
+    # the fused attentions (called with the logits: the layer did not fuse its attention) run channels_last
     channels_last = ('channels_last', True, 3, (3, 3))
     assert seen == [channels_last, channels_last, ('nchw', False, 3, (3, 3)), ('channels_last_padded', True, 8, (8, 8)),
-                    'compiled alone', ('shifted_sum', False, 3, (3, 3)), channels_last, channels_last, channels_last]
+                    'compiled alone', ('shifted_sum', False, 3, (3, 3)), channels_last, channels_last, channels_last,
+                    channels_last]
     with pytest.raises(ValueError, match="layout must be one of \\('auto', 'channels_last', 'nchw', "
                                          "'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul', "
-                                         "'triton_attention'\\)"):
+                                         "'triton_attention', 'triton_attention_from_logits'\\)"):
         set_evolution_layout(ea, 'nhwc')
 
 

@@ -38,8 +38,8 @@ times an evolving-attention model with each way of running the update over its a
 inference on CUDA, else channels_last), the convolution in channels_last (measured faster on CPU), in NCHW memory
 format, channels_last with the heads zero-padded to 8 channels, as shifted multiply-adds that inductor fuses into one
 kernel, the whole update as one Triton kernel, its convolution as multiply-adds or as matrix products (inference on
-CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel (likewise); likewise
-(with ``--train``, their training steps). ``--evolution-layout`` runs the EA models of ``--versus`` pairs in one
+CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel, forming its logits
+or reading them (likewise); likewise (with ``--train``, their training steps). ``--evolution-layout`` runs the EA models of ``--versus`` pairs in one
 such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --evolution-layout
 triton_attention``). With ``--reparameterize`` both time each model's inference form (``reparameterize_model``), the
 form the fast side of the original-vs-fast comparison runs.
@@ -701,7 +701,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
                              'channels, shifted multiply-adds fused into one kernel, the update as one Triton '
                              'kernel at inference on CUDA, its convolution as multiply-adds or as matrix products, '
-                             'and the whole attention of each evolved layer as one); speed is relative to the first')
+                             'and the whole attention of each evolved layer as one, forming its logits or reading '
+                             'them); speed is relative to the first')
     parser.add_argument('--evolution-layout', choices=EVOLUTION_LAYOUTS, default=None,
                         help='with --versus: every evolving-attention model of the pairs with its maps\' update in '
                              'this layout (default: the models\' own, auto)')

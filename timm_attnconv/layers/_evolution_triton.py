@@ -114,16 +114,17 @@ def evolve_as_matmul(logits_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, num_to
 
 
 @triton.jit
-def evolving_attention(q_ptr, k_ptr, v_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, logits_ptr,
+def evolving_attention(q_ptr, k_ptr, v_ptr, s_ptr, prev_ptr, weight_ptr, bias_ptr, out_ptr, logits_ptr,
                        num_tokens, qk_dim, v_dim, residual, conv_weight,
                        stride_qb, stride_qh, stride_qn, stride_qc, stride_kb, stride_kh, stride_kn, stride_kc,
                        stride_vb, stride_vh, stride_vn, stride_vc,
                        HEADS: tl.constexpr, OUTS: tl.constexpr, KSIZE: tl.constexpr, QK_DIM: tl.constexpr,
                        V_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       MIX_BACK: tl.constexpr):
+                       MIX_BACK: tl.constexpr, FROM_LOGITS: tl.constexpr):
     # the whole evolved attention of BLOCK_Q query rows of one image, every head, a block of BLOCK_K keys at a time:
-    # S = q kᵀ of the pairs around each one (the convolution's taps) as matrix products, the update L, stored, and
-    # FlashAttention's online softmax of L times the values
+    # S of the pairs around each one (the convolution's taps), the update L, stored, and FlashAttention's online
+    # softmax of L times the values. S: q kᵀ as matrix products, or, FROM_LOGITS, read from the layer's S at s_ptr
+    # (then q and k are not read)
     dtype = logits_ptr.dtype.element_ty
     image = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -134,6 +135,7 @@ def evolving_attention(q_ptr, k_ptr, v_ptr, prev_ptr, weight_ptr, bias_ptr, out_
     q_ptr += image * stride_qb
     k_ptr += image * stride_kb
     v_ptr += image * stride_vb
+    s_ptr += image * HEADS * map_size
     prev_ptr += image * HEADS * map_size
     logits_ptr += image * HEADS * map_size
     out_ptr += image * HEADS * num_tokens * v_dim
@@ -148,19 +150,25 @@ def evolving_attention(q_ptr, k_ptr, v_ptr, prev_ptr, weight_ptr, bias_ptr, out_
             for i in tl.static_range(KSIZE):
                 src_rows = rows + (i - KSIZE // 2)
                 rows_in = (src_rows >= 0) & (src_rows < num_tokens)
-                q = tl.load(q_ptr + c * stride_qh + src_rows[:, None] * stride_qn + qk_channels[None, :] * stride_qc,
-                            mask=rows_in[:, None] & (qk_channels < qk_dim)[None, :], other=0.)  # (BLOCK_Q, QK_DIM)
+                if not FROM_LOGITS:
+                    q = tl.load(q_ptr + c * stride_qh + src_rows[:, None] * stride_qn
+                                + qk_channels[None, :] * stride_qc,
+                                mask=rows_in[:, None] & (qk_channels < qk_dim)[None, :], other=0.)  # (BLOCK_Q, QK_DIM)
                 for j in tl.static_range(KSIZE):
                     src_keys = keys + (j - KSIZE // 2)
                     keys_in = (src_keys >= 0) & (src_keys < num_tokens)
-                    k = tl.load(k_ptr + c * stride_kh + src_keys[None, :] * stride_kn
-                                + qk_channels[:, None] * stride_kc,
-                                mask=keys_in[None, :] & (qk_channels < qk_dim)[:, None], other=0.)  # (QK_DIM, BLOCK_K)
-                    s = _dot(q, k, None).to(dtype).to(tl.float32)  # S in the maps' dtype, as q kᵀ gives it
                     inside = rows_in[:, None] & keys_in[None, :]
-                    p = tl.load(prev_ptr + c * map_size + src_rows[:, None] * num_tokens + src_keys[None, :],
-                                mask=inside, other=0.).to(tl.float32)
-                    m = _lerp(s, p, residual).to(dtype).to(tl.float32)  # 0 outside: the zero padding
+                    offsets = c * map_size + src_rows[:, None] * num_tokens + src_keys[None, :]
+                    if FROM_LOGITS:
+                        m = _mixed(s_ptr, prev_ptr, offsets, inside, residual)  # 0 outside: the zero padding
+                    else:
+                        k = tl.load(k_ptr + c * stride_kh + src_keys[None, :] * stride_kn
+                                    + qk_channels[:, None] * stride_kc,
+                                    mask=keys_in[None, :] & (qk_channels < qk_dim)[:, None],
+                                    other=0.)  # (QK_DIM, BLOCK_K)
+                        s = _dot(q, k, None).to(dtype).to(tl.float32)  # S in the maps' dtype, as q kᵀ gives it
+                        p = tl.load(prev_ptr + offsets, mask=inside, other=0.).to(tl.float32)
+                        m = _lerp(s, p, residual).to(dtype).to(tl.float32)  # 0 outside: the zero padding
                     w = tl.load(weight_ptr + heads * (HEADS * KSIZE * KSIZE) + (c * KSIZE + i) * KSIZE + j,
                                 mask=heads < HEADS, other=0.).to(tl.float32)  # weight[:, c, i, j]
                     conv += w[:, None, None] * m[None, :, :]
@@ -240,7 +248,7 @@ def _attention_within_registers(configs, named_args, **kwargs):
 evolving_attention_autotuned = triton.autotune(
     configs=[triton.Config({'BLOCK_Q': rows, 'BLOCK_K': keys}, num_warps=8) for rows in (16, 32)
              for keys in (16, 32, 64)],
-    key=['num_tokens', 'HEADS', 'KSIZE', 'QK_DIM', 'V_DIM', 'HAS_BIAS', 'MIX_BACK'],
+    key=['num_tokens', 'HEADS', 'KSIZE', 'QK_DIM', 'V_DIM', 'HAS_BIAS', 'MIX_BACK', 'FROM_LOGITS'],
     prune_configs_by={'early_config_prune': _attention_within_registers})(evolving_attention)
 
 

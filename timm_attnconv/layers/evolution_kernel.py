@@ -30,12 +30,16 @@ neighbours (the convolution's taps) as matrix products of the shifted query and 
 ``L_prev``, convolves, stores ``L`` for the next layer, and takes the softmax online with its product with the values,
 as FlashAttention does (a running maximum and sum per query row). Axis terms of the logits (AA's relative logits)
 enter as channels of ``q`` and ``k`` (:func:`~timm_attnconv.layers.attention_kernels.with_axis_channels`). A layer
-starting a chain (no ``L_prev``) keeps its explicit maps.
+starting a chain (no ``L_prev``) keeps its explicit maps. Forming ``S`` again for each tap costs ``k²`` times the
+layer's ``q kᵀ`` (1.48 G multiply-adds per image in EA-DeiT-S); :func:`fused_evolving_attention_from_logits`
+(layout ``'triton_attention_from_logits'``) is the same kernel reading ``S`` from the layer's own matrix product
+instead: four passes over the maps per layer (``S`` written and read, ``L_prev`` read, ``L`` written), no product
+formed twice.
 
 The default layout of :class:`~timm_attnconv.layers.AttentionEvolution`, ``'auto'``, runs the first form wherever it
 can run: on an H100, bf16 inference, EA-DeiT-S ran 1.51× and EA-AA-ResNet-50 1.12× as fast as with the reference update
 (``python -m timm_attnconv.benchmark --evolution-layouts channels_last triton``, BENCHMARK.md). The second form and
-the fused attention are asked for by name until a GPU has timed them against the first (not measured yet).
+the fused attentions are asked for by name until a GPU has timed them against the first (not measured yet).
 
 On CUDA, Triton's autotuner picks the blocks and the warps once per map shape and dtype, at the first call. Forward
 only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` and
@@ -59,7 +63,8 @@ from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['attention_shapes', 'fused_attention_unsupported_reason', 'fused_evolution_unsupported_reason',
            'fused_evolve', 'fused_evolve_or_none', 'fused_evolving_attention', 'fused_evolving_attention_or_none',
-           'kernel_shapes']
+           'fused_evolving_attention_from_logits', 'fused_evolving_attention_from_logits_or_none',
+           'fused_logits_attention_unsupported_reason', 'kernel_shapes']
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_ACCUMULATORS = 2 * EVOLUTION_KERNEL_ACCUMULATORS
@@ -190,31 +195,74 @@ def _run_or_none(key: tuple, form: str, kernel, *args):
         return None
 
 
-def attention_shapes(heads: int, qk_dim: int, v_dim: int, kernel_size: int, has_bias: bool, conv_weight: float
-                     ) -> dict:
+def attention_shapes(heads: int, qk_dim: int, v_dim: int, kernel_size: int, has_bias: bool, conv_weight: float,
+                     from_logits: bool = False) -> dict:
     """The constexpr arguments of ``_evolution_triton.evolving_attention`` (all but its autotuned blocks) for
-    ``heads`` heads of ``qk_dim`` query and key channels and ``v_dim`` value channels."""
+    ``heads`` heads of ``qk_dim`` query and key channels (unused ``from_logits``: ``S`` is read) and ``v_dim`` value
+    channels."""
     return dict(HEADS=heads, OUTS=_next_power_of_2(heads), KSIZE=kernel_size,
                 QK_DIM=max(_MIN_DOT, _next_power_of_2(qk_dim)), V_DIM=max(_MIN_DOT, _next_power_of_2(v_dim)),
-                HAS_BIAS=has_bias, MIX_BACK=conv_weight != 1.)
+                HAS_BIAS=has_bias, MIX_BACK=conv_weight != 1., FROM_LOGITS=from_logits)
 
 
-def _attention_key(q: torch.Tensor, v: torch.Tensor) -> tuple:
-    return q.device.type, q.dtype, q.shape[1], q.shape[2], 'attention', q.shape[-1], v.shape[-1]
+def _attention_key(maps: torch.Tensor, qk_dim: int, v: torch.Tensor) -> tuple:
+    # qk_dim 0: the form that reads S
+    return maps.device.type, maps.dtype, maps.shape[1], maps.shape[2], 'attention', qk_dim, v.shape[-1]
+
+
+def _attention_reason(maps: torch.Tensor, inputs: Tuple[torch.Tensor, ...], qk_dim: int, v: torch.Tensor,
+                      weight: torch.Tensor) -> Optional[str]:
+    # what the fused attention needs, in either form (qk_dim 0: S is read)
+    reason = _inputs_reason(maps, inputs, weight)
+    if reason:
+        return reason
+    heads, widest = maps.shape[1], max(qk_dim, v.shape[-1])
+    shapes = attention_shapes(heads, max(qk_dim, 1), v.shape[-1], weight.shape[-1], True, 1.)
+    if (heads > _MAX_HEADS or widest > _MAX_ATTENTION_HEAD_DIM
+            or shapes['OUTS'] * _MIN_DOT * (_MIN_DOT + shapes['V_DIM']) > _MAX_ACCUMULATORS):  # the least blocks
+        return f'{heads} heads of {widest} channels do not fit one program\'s registers'
+    return _machine_reason(maps, _attention_key(maps, qk_dim, v))
 
 
 def fused_attention_unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
                                        weight: torch.Tensor) -> Optional[str]:
     """Why :func:`fused_evolving_attention` cannot run on these inputs (``None`` when it can)."""
-    reason = _inputs_reason(q, (q, k, v, prev, weight), weight)
-    if reason:
-        return reason
-    heads, widest = q.shape[1], max(q.shape[-1], v.shape[-1])
-    shapes = attention_shapes(heads, q.shape[-1], v.shape[-1], weight.shape[-1], True, 1.)
-    if (heads > _MAX_HEADS or widest > _MAX_ATTENTION_HEAD_DIM
-            or shapes['OUTS'] * _MIN_DOT * (_MIN_DOT + shapes['V_DIM']) > _MAX_ACCUMULATORS):  # the least blocks
-        return f'{heads} heads of {widest} channels do not fit one program\'s registers'
-    return _machine_reason(q, _attention_key(q, v))
+    return _attention_reason(q, (q, k, v, prev, weight), q.shape[-1], v, weight)
+
+
+def fused_logits_attention_unsupported_reason(logits: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
+                                              weight: torch.Tensor) -> Optional[str]:
+    """Why :func:`fused_evolving_attention_from_logits` cannot run on these inputs (``None`` when it can)."""
+    return _attention_reason(logits, (logits, v, prev, weight), 0, v, weight)
+
+
+def _evolving_attention(q: torch.Tensor, k: torch.Tensor, logits: Optional[torch.Tensor], v: torch.Tensor,
+                        prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], residual: float,
+                        conv_weight: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    # the kernel of both forms: S formed from q and k, or read from logits (then q and k are logits, unread)
+    from . import _evolution_triton  # on first use: the package imports without Triton
+    from_logits = logits is not None
+    maps = logits if logits is not None else q
+    batch, heads, num_tokens = maps.shape[:3]
+    dtype, v_dim = maps.dtype, v.shape[-1]
+    qk_dim = 1 if from_logits else q.shape[-1]
+    k, v, prev = k.to(dtype), v.to(dtype), prev.to(dtype).contiguous()
+    weight = weight.to(dtype).contiguous()  # the reference convolves in the maps' dtype
+    has_bias = bias is not None
+    bias = bias.to(dtype).contiguous() if bias is not None else weight  # without one, a pointer the kernel ignores
+    s = logits.contiguous() if logits is not None else prev  # without S to read, a pointer the kernel ignores
+    out = maps.new_empty(batch, heads, num_tokens, v_dim)
+    evolved = maps.new_empty(batch, heads, num_tokens, num_tokens)
+    args = (q, k, v, s, prev, weight, bias, out, evolved, num_tokens, qk_dim, v_dim, float(residual),
+            float(conv_weight), *q.stride(), *k.stride(), *v.stride())
+    shapes = attention_shapes(heads, qk_dim, v_dim, weight.shape[-1], has_bias, conv_weight, from_logits)
+    autotuned = _evolution_triton.evolving_attention_autotuned
+    if _interpreting():  # the interpreter cannot time configurations: the least blocks
+        autotuned.fn[(batch, -(-num_tokens // _MIN_DOT))](*args, **shapes, BLOCK_Q=_MIN_DOT, BLOCK_K=_MIN_DOT,
+                                                          num_warps=4)
+    else:
+        autotuned[lambda meta: (batch, -(-num_tokens // meta['BLOCK_Q']))](*args, **shapes)
+    return out, evolved
 
 
 def fused_evolving_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
@@ -227,25 +275,17 @@ def fused_evolving_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     ``q``, ``k``: ``(B, H, N, d)``, ``v``: ``(B, H, N, d_v)``, any strides; ``prev``: ``(B, H, N, N)``. Returns
     ``(B, H, N, d_v)`` and ``(B, H, N, N)``, contiguous, in the dtype of ``q``. Check
     :func:`fused_attention_unsupported_reason` first."""
-    from . import _evolution_triton  # on first use: the package imports without Triton
-    batch, heads, num_tokens, qk_dim = q.shape
-    dtype, v_dim = q.dtype, v.shape[-1]
-    k, v, prev = k.to(dtype), v.to(dtype), prev.to(dtype).contiguous()
-    weight = weight.to(dtype).contiguous()  # the reference convolves in the maps' dtype
-    has_bias = bias is not None
-    bias = bias.to(dtype).contiguous() if bias is not None else weight  # without one, a pointer the kernel ignores
-    out = q.new_empty(batch, heads, num_tokens, v_dim)
-    logits = q.new_empty(batch, heads, num_tokens, num_tokens)
-    args = (q, k, v, prev, weight, bias, out, logits, num_tokens, qk_dim, v_dim, float(residual), float(conv_weight),
-            *q.stride(), *k.stride(), *v.stride())
-    shapes = attention_shapes(heads, qk_dim, v_dim, weight.shape[-1], has_bias, conv_weight)
-    autotuned = _evolution_triton.evolving_attention_autotuned
-    if _interpreting():  # the interpreter cannot time configurations: the least blocks
-        autotuned.fn[(batch, -(-num_tokens // _MIN_DOT))](*args, **shapes, BLOCK_Q=_MIN_DOT, BLOCK_K=_MIN_DOT,
-                                                          num_warps=4)
-    else:
-        autotuned[lambda meta: (batch, -(-num_tokens // meta['BLOCK_Q']))](*args, **shapes)
-    return out, logits
+    return _evolving_attention(q, k, None, v, prev, weight, bias, residual, conv_weight)
+
+
+def fused_evolving_attention_from_logits(logits: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
+                                         weight: torch.Tensor, bias: Optional[torch.Tensor], residual: float,
+                                         conv_weight: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_evolving_attention` with ``S`` read from ``logits`` ``(B, H, N, N)``, the layer's own matrix
+    product, instead of formed again for each tap: the update, ``L`` stored and the online softmax with its product
+    with ``v`` in one kernel that never writes the probabilities. Check
+    :func:`fused_logits_attention_unsupported_reason` first."""
+    return _evolving_attention(logits, logits, logits, v, prev, weight, bias, residual, conv_weight)
 
 
 def fused_evolving_attention_or_none(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
@@ -255,5 +295,16 @@ def fused_evolving_attention_or_none(q: torch.Tensor, k: torch.Tensor, v: torch.
     update); failures as :func:`fused_evolve_or_none` handles them."""
     if fused_attention_unsupported_reason(q, k, v, prev, weight) is not None:
         return None
-    return _run_or_none(_attention_key(q, v), 'fused-attention Triton kernel', fused_evolving_attention, q, k, v,
-                        prev, weight, bias, residual, conv_weight)
+    return _run_or_none(_attention_key(q, q.shape[-1], v), 'fused-attention Triton kernel', fused_evolving_attention,
+                        q, k, v, prev, weight, bias, residual, conv_weight)
+
+
+def fused_evolving_attention_from_logits_or_none(logits: torch.Tensor, v: torch.Tensor, prev: torch.Tensor,
+                                                 weight: torch.Tensor, bias: Optional[torch.Tensor], residual: float,
+                                                 conv_weight: float) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`fused_evolving_attention_from_logits` where it can run, else ``None`` (the caller runs the update on
+    ``logits``); failures as :func:`fused_evolve_or_none` handles them."""
+    if fused_logits_attention_unsupported_reason(logits, v, prev, weight) is not None:
+        return None
+    return _run_or_none(_attention_key(logits, 0, v), 'fused-attention Triton kernel',
+                        fused_evolving_attention_from_logits, logits, v, prev, weight, bias, residual, conv_weight)

@@ -32,10 +32,11 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs, run_compiled_alone, with_axis_channels
+from .attention_kernels import attention_probs, relative_logits, run_compiled_alone, with_axis_channels
 from .augmented_conv import AAConv2d
-from .evolution_kernel import (fused_attention_unsupported_reason, fused_evolve_or_none,
-                               fused_evolving_attention_or_none)
+from .evolution_kernel import (
+    fused_attention_unsupported_reason, fused_evolve_or_none, fused_evolving_attention_from_logits_or_none,
+    fused_evolving_attention_or_none, fused_logits_attention_unsupported_reason)
 from .forward_errors import raise_value_error
 from .kernel_failures import KernelFailed, KernelFailures
 
@@ -46,9 +47,10 @@ __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttenti
 # formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps,
 # 'triton' and 'triton_matmul', the whole update in one Triton kernel where it can run (inference on CUDA), its
 # convolution as multiply-adds or as matrix products, and 'triton_attention', the layer's whole attention with the
-# update in one Triton kernel (evolution_kernel.py)
+# update in one Triton kernel, or 'triton_attention_from_logits', all of it but the layer's S = q kᵀ
+# (evolution_kernel.py)
 EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul',
-                     'triton_attention')
+                     'triton_attention', 'triton_attention_from_logits')
 # 'channels_last_padded' pads the heads to a multiple of this many channels
 CONV_CHANNEL_MULTIPLE = 8
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
@@ -89,8 +91,8 @@ class AttentionEvolution(nn.Module):
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
         layout = self.conv_layout
-        # a literal: TorchScript reads no global tuple ('triton_attention' where the layer did not fuse its attention)
-        takes_kernel = layout in ['auto', 'triton', 'triton_matmul', 'triton_attention']
+        # a literal: TorchScript reads no global tuple (the fused attentions where the layer did not fuse it)
+        takes_kernel = layout in ['auto', 'triton', 'triton_matmul', 'triton_attention', 'triton_attention_from_logits']
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
             if layout == 'shifted_sum':
                 # the update compiled alone (a compiled model's graph takes it in, fused there)
@@ -108,22 +110,33 @@ class AttentionEvolution(nn.Module):
                rows: Optional[torch.Tensor] = None, cols: Optional[torch.Tensor] = None
                ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """``(softmax(L) v, L)`` with ``L = self(S, prev)``, ``S = q kᵀ`` (``q`` scaled) plus the axis terms ``rows``
-        and ``cols`` where given (:func:`~timm_attnconv.layers.relative_logits`), in one Triton kernel that writes
-        neither ``S`` nor the probabilities, where the layout is ``'triton_attention'`` and the kernel can run
-        (inference on CUDA, outside a compiled graph: :func:`~timm_attnconv.layers.evolution_kernel.
-        fused_evolving_attention`); else ``None``, and the layer forms its logits and calls this module (the same
-        result up to rounding)."""
-        if self.conv_layout != 'triton_attention' or self.training or prev is None:
+        and ``cols`` where given (:func:`~timm_attnconv.layers.relative_logits`), where the layout fuses the attention
+        and its kernel can run (inference on CUDA, outside a compiled graph); else ``None``, and the layer forms its
+        logits and calls this module (the same result up to rounding). ``'triton_attention'``: one Triton kernel that
+        writes neither ``S`` nor the probabilities (:func:`~timm_attnconv.layers.evolution_kernel.
+        fused_evolving_attention`); ``'triton_attention_from_logits'``: ``S`` by the layer's matrix product, then one
+        kernel that writes ``L`` only (:func:`~timm_attnconv.layers.evolution_kernel.
+        fused_evolving_attention_from_logits`)."""
+        layout = self.conv_layout
+        if layout not in ('triton_attention', 'triton_attention_from_logits') or self.training or prev is None:
             return None
         weight = self.conv.weight
-        if fused_attention_unsupported_reason(q, k, v, prev, weight) is not None:
-            return None  # asked before the axis channels are built (and before shapes a trace may hold as values)
+        from_logits = layout == 'triton_attention_from_logits'
+        # asked before S or the axis channels are built (and before shapes a trace may hold as values); S's dtype is
+        # asked again once it exists
+        reason = (fused_logits_attention_unsupported_reason(q, v, prev, weight) if from_logits
+                  else fused_attention_unsupported_reason(q, k, v, prev, weight))
+        if reason is not None:
+            return None
         if prev.shape != (q.shape[0], q.shape[1], q.shape[2], q.shape[2]):
             return None  # forward's error says what is wrong
+        update = (weight, self.conv.bias, self.evolve_residual, self.evolve_conv_weight)
+        if from_logits:
+            return fused_evolving_attention_from_logits_or_none(relative_logits(q, k, 1.0, rows, cols), v, prev,
+                                                                *update)
         if rows is not None and cols is not None:
             q, k = with_axis_channels(q, k, 1.0, rows, cols)
-        return fused_evolving_attention_or_none(q, k, v, prev, weight, self.conv.bias, self.evolve_residual,
-                                                self.evolve_conv_weight)
+        return fused_evolving_attention_or_none(q, k, v, prev, *update)
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -246,7 +259,9 @@ def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     ``'channels_last'``) or ``'triton_matmul'`` (that kernel with the convolution as matrix products, on tensor cores
     in half precision) or ``'triton_attention'`` (where that kernel runs, each evolved layer's whole attention, its
     logits, update, softmax and values, in one Triton kernel that writes the evolved logits only:
-    :func:`~timm_attnconv.layers.evolution_kernel.fused_evolving_attention`; elsewhere as ``'triton'``). The same
+    :func:`~timm_attnconv.layers.evolution_kernel.fused_evolving_attention`; elsewhere as ``'triton'``) or
+    ``'triton_attention_from_logits'`` (the same kernel reading the logits of the layer's own matrix product instead
+    of forming them again for each tap of the convolution). The same
     update, up to the rounding of sums in another order; the faster layout depends on
     the device, the number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager,
     with 4 heads (EA-AA-ResNet-20: 1.28×); on an H100 they lost to channels_last on EA-DeiT-S (0.77× eager, 0.62×

@@ -150,4 +150,8 @@ step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": fal
   --evolution-layout triton_attention
 step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128 \
   --evolution-layout triton_attention
+# the same kernel reading the layer's own S = q k^T instead of forming it again for each of the convolution's taps
+# ('triton_attention_from_logits', session 44, not run on a GPU before), against the default kernel of steps 20-21
+step $B --evolution-layouts triton triton_attention_from_logits --models deit_ea_small_patch16_224 --batch-size 128
+step $B --evolution-layouts triton triton_attention_from_logits --models ea_aa_resnet50 --batch-size 128
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50

@@ -42,10 +42,10 @@ def main(argv=None):
     parser.add_argument('--dtype', default='bf16', choices=('bf16', 'fp16', 'fp32'))
     parser.add_argument('--arch', type=int, default=90, help='CUDA compute capability × 10 (90: H100, H200)')
     parser.add_argument('--warps', type=int, default=None,
-                        help="the fused attention's configurations with this many warps instead of the autotuner's 8")
+                        help="the fused attentions' configurations with this many warps instead of the autotuner's 8")
     args = parser.parse_args(argv)
     print(f'Triton {triton.__version__}, sm_{args.arch}, {args.dtype} maps')
-    print(f'{"maps":<34} {"layout":<16} {"BLOCK_Q":>7} {"BLOCK_K":>7} {"warps":>5} {"registers":>9} '
+    print(f'{"maps":<34} {"layout":<28} {"BLOCK_Q":>7} {"BLOCK_K":>7} {"warps":>5} {"registers":>9} '
           f'{"spilled B":>9} {"shared B":>8} {"mma":>4}')
     for model, heads, tokens, qk_dim, v_dim in MAPS:
         builds = []
@@ -54,13 +54,15 @@ def main(argv=None):
             builds += [(layout, autotuned, shapes, config)
                        for config in _evolution_triton._within_registers(autotuned.configs, shapes)]
         autotuned = _evolution_triton.evolving_attention_autotuned
-        shapes = evolution_kernel.attention_shapes(heads, qk_dim, v_dim, 3, has_bias=True, conv_weight=1.)
-        builds += [('triton_attention', autotuned, shapes,
-                    triton.Config(config.kwargs, num_warps=args.warps) if args.warps else config)
-                   for config in _evolution_triton._attention_within_registers(autotuned.configs, shapes)]
+        for layout, from_logits in (('triton_attention', False), ('triton_attention_from_logits', True)):
+            shapes = evolution_kernel.attention_shapes(heads, qk_dim, v_dim, 3, has_bias=True, conv_weight=1.,
+                                                       from_logits=from_logits)
+            builds += [(layout, autotuned, shapes,
+                        triton.Config(config.kwargs, num_warps=args.warps) if args.warps else config)
+                       for config in _evolution_triton._attention_within_registers(autotuned.configs, shapes)]
         for layout, autotuned, shapes, config in builds:
             used = resources(_evolution_triton.build_for_gpu(autotuned, args.dtype, shapes, config, args.arch))
-            print(f'{f"{model} ({heads}×{tokens}²)":<34} {layout:<16} {config.kwargs["BLOCK_Q"]:>7} '
+            print(f'{f"{model} ({heads}×{tokens}²)":<34} {layout:<28} {config.kwargs["BLOCK_Q"]:>7} '
                   f'{config.kwargs.get("BLOCK_K", "all"):>7} {config.num_warps:>5} {used["registers"]:>9} '
                   f'{used["spilled"]:>9} {used["shared"]:>8} {used["mma"]:>4}')
 
