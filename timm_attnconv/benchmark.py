@@ -39,9 +39,9 @@ inference on CUDA, else channels_last), the convolution in channels_last (measur
 format, channels_last with the heads zero-padded to 8 channels, as shifted multiply-adds that inductor fuses into one
 kernel, the whole update as one Triton kernel, its convolution as multiply-adds or as matrix products (inference on
 CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel, forming its logits
-or reading them (likewise); likewise (with ``--train``, their training steps). ``--evolution-layout`` runs the EA models of ``--versus`` pairs in one
-such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --evolution-layout
-triton_attention``). With ``--reparameterize`` both time each model's inference form (``reparameterize_model``), the
+or reading them (likewise); likewise (with ``--train``, their training steps). ``--evolution-layout`` runs the EA
+models of ``--versus`` pairs in one such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs
+'{"evolve": false}' --evolution-layout triton_attention``). With ``--reparameterize`` both time each model's inference form (``reparameterize_model``), the
 form the fast side of the original-vs-fast comparison runs.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real

@@ -1,8 +1,8 @@
 """What each of EA's Triton kernels costs a GPU's streaming multiprocessor, read off its build for an H100 (sm_90) on
 any machine with Triton 3.8, no GPU needed: per model's maps, kernel (the layout that asks for it) and configuration
 the autotuner keeps, the registers per thread, the bytes spilled to local memory per thread, the shared memory per
-program, and the tensor-core instructions (mma) in its PTX. A build is no timing: the autotuner times these configurations on the GPU
-(``training/gpu/benchmark.sh`` steps 20–21).
+program, and the tensor-core instructions (mma) in its PTX. A build is no timing: the autotuner times these
+configurations on the GPU (``training/gpu/benchmark.sh`` steps 20–21 and 29–30).
 
     python training/gpu/kernel_build.py [--dtype bf16] [--arch 90] [--warps 4]
 """
