@@ -1,5 +1,5 @@
-"""EA's update ``(S, L_prev) → L`` as one Triton kernel, and a layer's whole evolved attention as another, for
-inference on CUDA (Wang et al. 2021, §3, eq. 4–5).
+"""EA's update ``(S, L_prev) → L`` as one Triton kernel, and a layer's whole evolved attention as another (which
+forms ``S`` itself or reads it), for inference on CUDA (Wang et al. 2021, §3, eq. 4–5).
 
 The reference update (:func:`~timm_attnconv.layers.evolving.AttentionEvolution`, layout ``'channels_last'``) makes
 separate passes over the ``(B, H, N, N)`` maps: the residual mix, a copy into channels_last, cuDNN's 3×3 convolution
