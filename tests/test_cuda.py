@@ -267,8 +267,9 @@ def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dty
         args = (weight, bias, residual, conv_weight)
         with torch.no_grad():
             if from_logits:
-                assert fused_logits_attention_unsupported_reason(q @ k.transpose(-1, -2), v, prev, weight) is None
-                out, logits = fused_evolving_attention_from_logits(q @ k.transpose(-1, -2), v, prev, *args)
+                s = q @ k.transpose(-1, -2)  # the layer's own S
+                assert fused_logits_attention_unsupported_reason(s, v, prev, weight) is None
+                out, logits = fused_evolving_attention_from_logits(s, v, prev, *args)
             else:
                 assert fused_attention_unsupported_reason(q, k, v, prev, weight) is None
                 out, logits = fused_evolving_attention(q, k, v, prev, *args)

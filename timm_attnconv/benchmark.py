@@ -41,8 +41,8 @@ kernel, the whole update as one Triton kernel, its convolution as multiply-adds 
 CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel, forming its logits
 or reading them (likewise); likewise (with ``--train``, their training steps). ``--evolution-layout`` runs the EA
 models of ``--versus`` pairs in one such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs
-'{"evolve": false}' --evolution-layout triton_attention``). With ``--reparameterize`` both time each model's inference form (``reparameterize_model``), the
-form the fast side of the original-vs-fast comparison runs.
+'{"evolve": false}' --evolution-layout triton_attention``). With ``--reparameterize`` both time each model's
+inference form (``reparameterize_model``), the form the fast side of the original-vs-fast comparison runs.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.

@@ -47,7 +47,7 @@ class AttentionLayer(nn.Module):
             rows: Optional[torch.Tensor] = None, cols: Optional[torch.Tensor] = None,
     ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """``(output of the heads, logits to hand on)`` through ``evolve``'s fused kernel
-        (:meth:`~timm_attnconv.layers.AttentionEvolution.attend`: the layout ``'triton_attention'``) where it runs and
+        (:meth:`~timm_attnconv.layers.AttentionEvolution.attend`: the fused-attention layouts) where it runs and
         the layer need not form its maps; the logits pass through ``logits_tap``. Else ``None``: the layer forms them.
         Call it outside TorchScript (``if not torch.jit.is_scripting()``)."""
         if self.evolve is None or self.form_maps:

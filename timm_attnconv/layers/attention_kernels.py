@@ -148,9 +148,12 @@ def matmul_shared_heads(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     sum those copies again.
     """
     batch, heads, rows, inner = a.shape
-    if b.dim() != 4 or b.shape[0] != batch or (b.shape[1] != 1 and b.stride(1) != 0):
+    if b.dim() != 4 or b.shape[0] != batch:
         return a @ b
-    return torch.bmm(a.reshape(batch, heads * rows, inner), b[:, 0]).view(batch, heads, rows, b.shape[-1])
+    one_head, b_heads = _one_head_if_shared(b)
+    if b_heads != 1:
+        return a @ b
+    return torch.bmm(a.reshape(batch, heads * rows, inner), one_head[:, 0]).view(batch, heads, rows, b.shape[-1])
 
 
 def attention_probs(logits: torch.Tensor) -> torch.Tensor:
