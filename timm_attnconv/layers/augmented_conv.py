@@ -253,6 +253,9 @@ class AAConv2d(AttentionLayer):
             if fused is not None:
                 return self._output(x, fused[0], grid), fused[1]
         logits = relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
+        # the scaled queries and the axis terms are in the logits now: not held while the maps are evolved and
+        # softmaxed, the layer's peak (EA-AA-ResNet-20, batch 64: 8 MB more with them, BENCHMARK.md)
+        del q, k, rows, cols
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
         return self._output(x, attention_probs(self.logits_tap(logits)) @ v, grid), logits

@@ -426,6 +426,7 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
             if fused is not None:
                 return self._project(x, fused[0]), fused[1]
         logits = q @ k.transpose(-2, -1)
+        del q, k  # the scaled queries, a (B, heads, N, d) tensor, not held at the maps' peak (BENCHMARK.md)
         if self.evolve is not None:
             logits = self.evolve(logits, prev)
         return self._project(x, self.attn_drop(attention_probs(self.logits_tap(logits))) @ v), logits
