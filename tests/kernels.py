@@ -1,6 +1,8 @@
 """What the attention tests share: the fp32 tolerance, the check every attention layer with an ``attn_kernel`` choice
-shares (its kernels agree with the explicit maps) and a recorder of per-head copies of shared keys or values."""
-from typing import Sequence
+shares (its kernels agree with the explicit maps), a recorder of per-head copies of shared keys or values and one of
+the tensors a method returns (whether a forward pass still holds them)."""
+import weakref
+from typing import Callable, List, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,3 +46,14 @@ class PerHeadCopies(TorchDispatchMode):
             self.shapes += [tuple(t.shape) for t in args if isinstance(t, torch.Tensor) and t.dim() >= 3
                             and t.shape[1] > 1 and t.stride(1) == 0]
         return func(*args, **(kwargs or {}))
+
+
+def recording(method: Callable, refs: List[weakref.ref], picks: Sequence[int] = (0,)) -> Callable:
+    """``method``, plus weak references, appended to ``refs``, to the parts ``picks`` of the tuple it returns (a
+    tensor it returns counts as its part 0)."""
+    def recorded(*args):
+        out = method(*args)
+        parts = out if isinstance(out, tuple) else (out,)
+        refs.extend(weakref.ref(parts[i]) for i in picks)
+        return out
+    return recorded

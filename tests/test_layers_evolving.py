@@ -15,6 +15,8 @@ from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
+from .kernels import recording
+
 
 @pytest.mark.parametrize('residual,conv_weight', [(0.5, 1.0), (0.3, 0.6), (0.0, 0.0)])
 def test_update_matches_the_per_element_formula(residual, conv_weight):
@@ -166,15 +168,6 @@ class _RecordedScale:
         return out
 
 
-def _recording(method, refs, picks):
-    # the method, plus weak references to the parts of its result at the positions picks
-    def recorded(*args):
-        out = method(*args)
-        refs.extend(weakref.ref(out[i]) for i in picks)
-        return out
-    return recorded
-
-
 @pytest.mark.parametrize('kind', ['aa', 'vit'])
 def test_queries_and_axis_terms_are_freed_before_the_maps_evolve(kind):
     # held through the evolution and the softmax, the layer's peak, they took EA-AA-ResNet-20 8 MB and EA-DeiT-S
@@ -182,8 +175,8 @@ def test_queries_and_axis_terms_are_freed_before_the_maps_evolve(kind):
     refs, alive = [], []
     if kind == 'aa':  # 16 tokens
         layer, x, tokens = _aa((4, 4)), torch.randn(2, 8, 4, 4), 16
-        layer._qkv = _recording(layer._qkv, refs, [0])  # the scaled queries
-        layer._relative_terms = _recording(layer._relative_terms, refs, [0, 1])  # the row and column terms
+        layer._qkv = recording(layer._qkv, refs)  # the scaled queries
+        layer._relative_terms = recording(layer._relative_terms, refs, [0, 1])  # the row and column terms
     else:
         layer, x, tokens = ChainedAttention(16, num_heads=2), torch.randn(2, 5, 16), 5
         layer.scale = _RecordedScale(layer.scale, refs)  # the scaled queries

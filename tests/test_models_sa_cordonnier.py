@@ -1,6 +1,5 @@
 """The Cordonnier et al. family: names, exact parameter counts, original-checkpoint parity, exact fast paths, input
 validation."""
-import weakref
 
 import pytest
 import timm
@@ -11,6 +10,7 @@ from timm_attnconv.layers import PositionalSelfAttention, set_attn_path
 from timm_attnconv.models.sa_cordonnier import checkpoint_filter_fn, init_content_from_positional
 
 from . import original_bertimage as original
+from .kernels import recording
 
 PAPER_PARAMS = {
     'sa_quadratic_cifar': 12_086_844,
@@ -213,23 +213,14 @@ def test_reparameterize_folds_projections(name):
         torch.testing.assert_close(fused(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def _recording(method, refs):
-    # the method, plus a weak reference to the tensor it returns (first of a tuple) appended to refs
-    def recorded(*args):
-        out = method(*args)
-        refs.append(weakref.ref(out[0] if isinstance(out, tuple) else out))
-        return out
-    return recorded
-
-
 @pytest.mark.parametrize('name', ['sa_quadratic_tiny_cifar', 'ea_sa_learned_content_tiny_cifar'])
 def test_attention_output_is_freed_before_the_mlp_runs(name):
     # holding it through the MLP raised the fast path's peak memory by one (B, H, W, D) tensor (BENCHMARK.md)
     model = timm.create_model(name, depth=2).eval()
     attn, mlp = model.blocks[-1].attn, model.blocks[-1].mlp
     outputs, alive = [], []
-    attn.forward = _recording(attn.forward, outputs)
-    attn.forward_chain = _recording(attn.forward_chain, outputs)  # the EA model's second layer evolves the first's
+    attn.forward = recording(attn.forward, outputs)
+    attn.forward_chain = recording(attn.forward_chain, outputs)  # the EA model's second layer evolves the first's
     mlp.register_forward_pre_hook(lambda module, args: alive.append(outputs[-1]() is not None))
     with torch.no_grad():
         model(torch.randn(2, 3, 32, 32))
