@@ -332,6 +332,18 @@ def test_eval_every_and_eval_ema_choose_the_tested_epochs_only(tmp_path, whole):
         [], ['ema_test_top1', 'test_top1'], ['ema_test_top1', 'test_top1']]
 
 
+def test_the_tests_run_under_the_runs_autocast(tmp_path, monkeypatch):
+    # as timm's train.py validates; staging measures the weights in float32 again
+    dtypes = []
+
+    def recording_evaluate(*args, amp_dtype=None, **kwargs):
+        dtypes.append(amp_dtype)
+        return {'top1': 50.0, 'top5': 100.0, 'loss': 1.0}
+    monkeypatch.setattr(train_module, 'evaluate', recording_evaluate)
+    train_main(TINY + ['--output', str(tmp_path), '--epochs', '1', '--train-limit', '32', '--amp', 'bf16'])
+    assert dtypes == [torch.bfloat16, torch.bfloat16]  # the weights and the EMA
+
+
 def test_a_step_waits_for_the_device_only_every_log_interval(tmp_path, monkeypatch):
     # on a GPU, reading a tensor's value makes the host wait for all queued work, and copying one from the host
     # (pageable memory) waits too: count what the trainer's own code does while the epochs' batches are drawn

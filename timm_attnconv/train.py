@@ -333,10 +333,14 @@ class _Run:
         """The epoch's log ``entry`` with the tests it is due (rank 0 runs them), logged, and the run at the next
         epoch; refused before it counts if anything in it is not finite."""
         test_weights, test_ema = _evaluates(self.config, self.epoch + 1)
+        # the tests run under the run's autocast, as timm's train.py validates (in fp32, one test of the content model
+        # took about 30 s on an H200, longer than its 28 s training epoch: session 46); staging measures in fp32
         if self.rank == 0 and test_weights:
-            entry.update({f'test_{k}': v for k, v in evaluate(self.model, test_x, test_y).items()})
+            results = evaluate(self.model, test_x, test_y, amp_dtype=self.amp_dtype)
+            entry.update({f'test_{k}': v for k, v in results.items()})
         if self.rank == 0 and test_ema:
-            entry.update({f'ema_test_{k}': v for k, v in evaluate(self.ema.module, test_x, test_y).items()})
+            results = evaluate(self.ema.module, test_x, test_y, amp_dtype=self.amp_dtype)
+            entry.update({f'ema_test_{k}': v for k, v in results.items()})
         entry.update(self.runtime)
         _refuse_non_finite(entry, f'epoch {self.epoch + 1}', self.ckpt_path)
         self.log.append(entry)
