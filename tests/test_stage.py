@@ -113,12 +113,25 @@ def _weights_only_run(folder, model_kwargs, init_from=None):
     return model
 
 
-def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar10):
+def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar10, monkeypatch):
+    from timm_attnconv import evaluate
+    batches = []  # the images of each forward pass of the evaluations
+
+    def recording_predict_logits(model, *args):
+        handle = model.register_forward_pre_hook(lambda module, inputs: batches.append(inputs[0].shape[0]))
+        try:
+            return predict_logits(model, *args)
+        finally:
+            handle.remove()
+    predict_logits = evaluate.predict_logits
+    monkeypatch.setattr(evaluate, 'predict_logits', recording_predict_logits)
     kwargs = dict(depth=2, num_heads=3)  # not the registered architecture: config.json must say so
     source = _weights_only_run(tmp_path / 'run', kwargs)
     result = stage_main([str(tmp_path / 'run'), '--tag', 'gpu', '--out', str(tmp_path / 'weights'), '--data-dir',
                          synthetic_cifar10, '--limit', '32', '--record', str(tmp_path / 'sha.json'), '--dtype',
-                         'float16', '--hardware', 'one test GPU', '--extra-train-args', '--amp bf16'])
+                         'float16', '--hardware', 'one test GPU', '--extra-train-args', '--amp bf16',
+                         '--batch-size', '12'])
+    assert batches == [12, 12, 8] * 2  # the weights as trained, then rounded to float16
     folder = tmp_path / 'weights' / 'sa_quadratic_tiny_cifar.gpu'
     assert result['weights'] == 'EMA weights' and result['stored_dtype'] == 'float16'
     stored = load_file(folder / 'model.safetensors')
