@@ -115,7 +115,7 @@ def _weights_only_run(folder, model_kwargs, init_from=None):
 
 def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_path, synthetic_cifar10, monkeypatch):
     from timm_attnconv import evaluate
-    batches = []  # the images of each forward pass of the evaluations
+    batches, predict_logits = [], evaluate.predict_logits  # the images of each forward pass of the evaluations
 
     def recording_predict_logits(model, *args):
         handle = model.register_forward_pre_hook(lambda module, inputs: batches.append(inputs[0].shape[0]))
@@ -123,7 +123,6 @@ def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_
             return predict_logits(model, *args)
         finally:
             handle.remove()
-    predict_logits = evaluate.predict_logits
     monkeypatch.setattr(evaluate, 'predict_logits', recording_predict_logits)
     kwargs = dict(depth=2, num_heads=3)  # not the registered architecture: config.json must say so
     source = _weights_only_run(tmp_path / 'run', kwargs)
