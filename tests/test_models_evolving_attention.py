@@ -112,6 +112,21 @@ def test_ea_on_the_sa_content_model():
         timm.create_model('ea_sa_learned_content_cifar', num_heads=(9, 8, 9, 9, 9, 9), device='meta')
 
 
+def test_the_sa_twin_warm_starts_from_its_base_keeping_its_evolution_init():
+    kwargs = dict(embed_dim=32, mlp_dim=48, depth=3)
+    base = timm.create_model('sa_learned_content_cifar', **kwargs).eval()
+    ea = timm.create_model('ea_sa_learned_content_cifar', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    evolution = {k: v.clone() for k, v in ea.state_dict().items() if '.evolve.' in k}
+    assert ea.init_from(base) is ea
+    assert all(torch.equal(ea.state_dict()[k], v) for k, v in evolution.items())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # with r = c = 0 the twin is its base: every weight the base uses was carried over
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+    positional = timm.create_model('sa_learned_cifar', **kwargs)
+    with pytest.raises(ValueError, match='not the base of this twin.*keys it lacks.*q.weight'):
+        ea.init_from(positional)
+
+
 def _count_params(name, **kwargs):
     return sum(p.numel() for p in timm.create_model(name, device='meta', **kwargs).parameters())
 

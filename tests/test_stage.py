@@ -149,6 +149,8 @@ def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_
     assert 'one test GPU' in card and '3 of 4 epochs' in card and 'not resumable' in card
     assert 'stored as float16' in card and '--amp bf16' in card and '--output training/sa_quadratic_tiny_cifar' in card
     assert 'learning rate was 0.000333, 33.3% of its peak 0.001' in card
+    assert (f"Staged with `python -m timm_attnconv.stage {tmp_path / 'run'} --tag gpu --dtype float16 --limit 32 "
+            f"--batch-size 12 --hardware 'one test GPU' --extra-train-args '--amp bf16'`") in card
 
 
 def test_the_card_shows_the_command_that_wrote_the_start_of_a_warm_started_run(tmp_path, synthetic_cifar10):
@@ -212,6 +214,8 @@ def test_the_card_says_what_a_warm_start_started_from():
     assert 'fresh optimizer' in same_arch and 'content' not in same_arch
     content = warm_start_sentence('sa_learned_content_tiny_cifar', 'sa_learned_tiny_cifar.c10_18ep')
     assert 'content term initialised near zero' in content
+    twin = warm_start_sentence('ea_sa_learned_content_tiny_cifar', 'sa_learned_content_tiny_cifar.c10')
+    assert 'freshly initialised evolution convolutions' in twin and 'content' not in twin.split('`')[2]
     pruned = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors')
     assert '`/tmp/runs/pruned.safetensors`' in pruned and '`pruned.safetensors`' in pruned
     # the paper fine-tuned its pruned model too; another model's warm start is a departure from its paper

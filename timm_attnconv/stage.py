@@ -144,7 +144,8 @@ def plot_training_curves(log: List[Dict[str, Any]], path: os.PathLike, title: st
 def warm_start_sentence(arch: str, init_from: Optional[str], init_command: str = '') -> str:
     """The model card's sentence on ``train --init-from``: what the run started from, or nothing for a run from
     scratch. The same arch continues its weights; another arch went through the model's ``init_from`` (a content
-    model built from a positional one); a weights file is the output of ``init_command`` when one is given."""
+    model built from a positional one, an EA twin from its base); a weights file is the output of ``init_command``
+    when one is given."""
     if not init_from:
         return ''
     if init_from.endswith('.safetensors'):
@@ -152,6 +153,8 @@ def warm_start_sentence(arch: str, init_from: Optional[str], init_command: str =
             ', which the first command under Training writes' if init_command else ' (same layout)')
     elif init_from.split('.')[0] == arch:
         start = 'those weights, trained on with a fresh optimizer and schedule'
+    elif arch.startswith('ea_'):  # EASelfAttentionNet.init_from
+        start = "that model's weights and freshly initialised evolution convolutions, which change its attention maps"
     else:
         start = 'that model, up to a content term initialised near zero'
     paper = (f'as the paper did: it fine-tuned {PAPER_WARM_STARTS[arch]}' if arch in PAPER_WARM_STARTS else
@@ -396,7 +399,8 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
                 'training in progress' if run['resumable'] else
                 f"stopped after {run['epochs_done']:.4g} of {config['epochs']} epochs; not resumable"),
             schedule=_schedule_note(config, log, run['epochs_done']),
-            stage_command=_stage_command(run_dir, tag, hardware, extra_train_args, init_command))
+            stage_command=_stage_command(run_dir, tag, hardware, extra_train_args, init_command, weights, dtype,
+                                          limit, batch_size))
         shipped = round_weights(model, stored_dtype)  # the model as `pretrained=True` loads the stored file
         likeness = conv_likeness_table(shipped, normalize(images[:64], model.pretrained_cfg['mean'],
                                                           model.pretrained_cfg['std'])) if has_attention(model) else ''
@@ -478,8 +482,14 @@ def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_don
             f"learning rate was {last['lr']:.3g}, {100 * last['lr'] / config['lr']:.1f}% of its peak {config['lr']:g}.")
 
 
-def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str) -> str:
+def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str,
+                   weights: str = 'auto', dtype: str = 'auto', limit: Optional[int] = None,
+                   batch_size: int = 500) -> str:
+    """The card's ``stage`` command: every option that changes what is shipped or how long staging takes."""
     parts = ['python -m timm_attnconv.stage', run_dir, f'--tag {tag}']
+    parts += [f'--{name} {value}' for name, value, default in (
+        ('weights', weights, 'auto'), ('dtype', dtype, 'auto'), ('limit', limit, None),
+        ('batch-size', batch_size, 500)) if value != default]
     if hardware != '2 CPU cores':
         parts.append(f"--hardware '{hardware}'")
     if extra_train_args:

@@ -77,6 +77,23 @@ class EASelfAttentionNet(SelfAttentionNet):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(self._embed(x), None, self.grad_checkpointing)[0].permute(0, 3, 1, 2)
 
+    @torch.no_grad()
+    def init_from(self, source: SelfAttentionNet) -> 'EASelfAttentionNet':
+        """Warm-start from the trained base of this twin (``train --init-from``): every weight but the evolution
+        convolutions is copied, and these keep their initialisation. The twin does not start as its base: from the
+        second layer on, each map is formed from ``ReLU(conv(·))`` of the mixed logits (Wang et al., Eq. 3–5).
+        Returns ``self``."""
+        own, given = self.state_dict(), source.state_dict()
+        unexpected = sorted(given.keys() - own.keys())
+        missing = sorted(k for k in own.keys() - given.keys() if '.evolve.' not in k)
+        if unexpected or missing:
+            raise ValueError(f'cannot warm-start from {type(source).__name__}: it is not the base of this twin '
+                             f'(keys only it has: {unexpected[:4]}; keys it lacks: {missing[:4]}). Start from the '
+                             f'same model without evolution, e.g. sa_learned_content_tiny_cifar for '
+                             f'ea_sa_learned_content_tiny_cifar')
+        self.load_state_dict({**own, **given})  # strict: shapes are checked key by key
+        return self
+
     def forward_intermediates(
             self,
             x: torch.Tensor,
