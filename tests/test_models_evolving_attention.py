@@ -122,9 +122,18 @@ def test_the_sa_twin_warm_starts_from_its_base_keeping_its_evolution_init():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():  # with r = c = 0 the twin is its base: every weight the base uses was carried over
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
-    positional = timm.create_model('sa_learned_cifar', **kwargs)
-    with pytest.raises(ValueError, match='not the base of this twin.*keys it lacks.*q.weight'):
+        positional = timm.create_model('sa_learned_cifar', **kwargs).eval()
+        torch.manual_seed(0)
+        base.init_from(positional)  # the base's own warm start, with its content weights drawn near zero
+        torch.manual_seed(0)
         ea.init_from(positional)
+        assert all(torch.equal(ea.state_dict()[k], v) for k, v in evolution.items())
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match='learned-positional model without content'):
+        ea.init_from(timm.create_model('sa_quadratic_cifar', **kwargs))
+    shallower = timm.create_model('sa_learned_content_cifar', **dict(kwargs, depth=2))
+    with pytest.raises(ValueError, match=r"not the base of this twin.*keys it lacks: \['blocks.2"):
+        ea.init_from(shallower)
 
 
 def _count_params(name, **kwargs):

@@ -23,7 +23,7 @@ from ..layers.forward_errors import raise_value_error
 from ._input import check_image_batch
 from ._registry import build_family_model, register_model
 from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
-from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa
+from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa, content_state_from_positional
 from .sa_cordonnier import _cfg as _sa_cfg
 
 __all__ = ['EAAAResNet', 'EABlock', 'EABottleneck', 'EACifarResNet', 'EASelfAttentionNet', 'EAVisionTransformer']
@@ -79,18 +79,21 @@ class EASelfAttentionNet(SelfAttentionNet):
 
     @torch.no_grad()
     def init_from(self, source: SelfAttentionNet) -> 'EASelfAttentionNet':
-        """Warm-start from the trained base of this twin (``train --init-from``): every weight but the evolution
-        convolutions is copied, and these keep their initialisation. The twin does not start as its base: from the
-        second layer on, each map is formed from ``ReLU(conv(·))`` of the mixed logits (Wang et al., Eq. 3–5).
-        Returns ``self``."""
-        own, given = self.state_dict(), source.state_dict()
+        """Warm-start from a trained model without evolution (``train --init-from``): the base of this twin, or the
+        learned-positional model its base warm-starts from (through :func:`content_state_from_positional`, as the
+        base does). Every weight but the evolution convolutions is carried over, and these keep their
+        initialisation. So the twin does not start as the source: from the second layer on, each map is formed from
+        ``ReLU(conv(·))`` of the mixed logits (Wang et al., Eq. 3–5). Returns ``self``."""
+        own = self.state_dict()
+        positional = not any(blk.attn.content for blk in source.blocks)
+        given = content_state_from_positional(self, source) if positional else source.state_dict()
         unexpected = sorted(given.keys() - own.keys())
         missing = sorted(k for k in own.keys() - given.keys() if '.evolve.' not in k)
         if unexpected or missing:
             raise ValueError(f'cannot warm-start from {type(source).__name__}: it is not the base of this twin '
                              f'(keys only it has: {unexpected[:4]}; keys it lacks: {missing[:4]}). Start from the '
-                             f'same model without evolution, e.g. sa_learned_content_tiny_cifar for '
-                             f'ea_sa_learned_content_tiny_cifar')
+                             f'same model without evolution (e.g. sa_learned_content_tiny_cifar for '
+                             f'ea_sa_learned_content_tiny_cifar) or its learned-positional start (sa_learned_tiny_cifar)')
         self.load_state_dict({**own, **given})  # strict: shapes are checked key by key
         return self
 

@@ -264,21 +264,32 @@ class SelfAttentionNet(nn.Module):
         return init_content_from_positional(self, source)
 
 
-@torch.no_grad()
 def init_content_from_positional(
         model: SelfAttentionNet,
         source: SelfAttentionNet,
         content_init_std: float = 1e-3,
 ) -> SelfAttentionNet:
     """Warm-start a content model from a trained learned-positional one (``w·r``, no content) so that it starts as
-    that model: a function-preserving initialisation, exact for ``content_init_std=0``.
+    that model: a function-preserving initialisation, exact for ``content_init_std=0``
+    (:func:`content_state_from_positional`). Returns ``model``."""
+    model.load_state_dict(content_state_from_positional(model, source, content_init_std))
+    return model
+
+
+@torch.no_grad()
+def content_state_from_positional(
+        model: SelfAttentionNet,
+        source: SelfAttentionNet,
+        content_init_std: float = 1e-3,
+) -> Dict[str, torch.Tensor]:
+    """The state dict with which the content model ``model`` computes what the trained learned-positional ``source``
+    (``w·r``, no content) computes, exactly for ``content_init_std=0``.
 
     Everything but the attention logits is copied. The content term ``q·k/√D`` starts near zero (``q``, ``k`` weights
     ~ N(0, ``content_init_std``), ``k`` bias 0; a small non-zero std lets every query/key channel learn). The position
     term is carried over: as is for ``rel_pos_score='head'`` (same ``w·r`` tables), and for the default ``q·r`` by
     writing each head's ``(2M−1, heads)`` score matrix ``S = R Wᵀ`` (rank ≤ heads) as ``U√s · √s Vᵀ``: ``U√s`` becomes
     the shared offset table, ``√s Vᵀ·√D`` the query bias, so that ``q·r/√D`` equals ``w·r`` at zero query weights.
-    Returns ``model``.
     """
     for name in ('embed_dim', 'num_heads', 'patch_size'):
         if getattr(model, name) != getattr(source, name):
@@ -319,8 +330,7 @@ def init_content_from_positional(
             q_bias[:, channels][:, :rank] = (vh.t() * s.sqrt() / attn.scale).to(q_bias.dtype)
         state.update({prefix + 'pos.rows.weight': tables['rows'], prefix + 'pos.cols.weight': tables['cols'],
                       prefix + 'q.bias': q_bias.reshape(-1)})
-    model.load_state_dict(state)
-    return model
+    return state
 
 
 def _original_layout(state_dict: Dict[str, torch.Tensor]) -> bool:
