@@ -23,7 +23,7 @@ resnet=(--epochs 100 --batch-size 128 --opt sgd --lr 0.1 --weight-decay 5e-4 --w
 compact=(--epochs 40 --batch-size 256 --opt adamw --lr 2e-3 --weight-decay 0.05 --warmup-epochs 2 --smoothing 0.1
          --model-ema --model-ema-decay 0.999)
 case $name in
-  sa_learned_cifar|sa_quadratic_gen_cifar|sa_quadratic_16h_cifar|sa_learned_content_cifar)
+  sa_learned_cifar|sa_quadratic_gen_cifar|sa_quadratic_16h_cifar|sa_learned_content_cifar|ea_sa_learned_content_cifar)
     recipe=(--model "$name" "${sa[@]}");;
   sa_quadratic_gen_pruned_cifar)
     # Cordonnier et al. 2020, Table 1: prune the trained generalized-quadratic model down to the pruned model's heads,
