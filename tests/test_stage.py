@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from timm_attnconv.pretrained import sha256_file
-from timm_attnconv.stage import main as stage_main, paper_top1, training_command, warm_start_sentence
+from timm_attnconv.stage import main as stage_main, model_type, paper_top1, training_command, warm_start_sentence
 from timm_attnconv.train import main as train_main
 
 from .conftest import SYNTHETIC_TRAIN_IMAGES
@@ -223,6 +223,16 @@ def test_the_card_says_what_a_warm_start_started_from():
     assert 'not trained from scratch as in the paper' in same_arch and 'as the paper did' not in same_arch
     written = warm_start_sentence('sa_quadratic_gen_pruned_cifar', '/tmp/runs/pruned.safetensors', 'prune.py ...')
     assert 'which the first command under Training writes' in written
+
+
+@pytest.mark.parametrize('arch, attention, expected', [
+    ('sa_learned_content_tiny_cifar', True, 'attention-only network'),
+    ('ea_sa_learned_content_tiny_cifar', True, 'attention-only network'),
+    ('aa_resnet20_cifar', True, 'convolutional network with attention'),
+    ('attnconv_resnet20_cifar', False, 'convolutional network (baseline)'),
+])
+def test_the_card_names_the_kind_of_network(arch, attention, expected):
+    assert model_type(arch, attention) == expected
 
 
 @pytest.mark.parametrize('arch, expected', [

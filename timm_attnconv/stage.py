@@ -162,6 +162,13 @@ def warm_start_sentence(arch: str, init_from: Optional[str], init_command: str =
     return f' Warm-started from `{init_from}` (it starts as {start}), {paper}.'
 
 
+def model_type(arch: str, attention: bool) -> str:
+    """The card's model type: the SA models and their EA twins have no convolution but the patch embedding."""
+    if arch.startswith(('sa_', 'ea_sa_')):
+        return 'attention-only network'
+    return 'convolutional network with attention' if attention else 'convolutional network (baseline)'
+
+
 def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metrics: Dict[str, Any],
                 run: Dict[str, Any], likeness: str = '') -> str:
     from huggingface_hub import EvalResult, ModelCardData
@@ -188,9 +195,7 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
                     f"({run['note']}). None of the paper's authors released usable weights."
                     + warm_start_sentence(arch, run.get('init_from'), run.get('init_command', '')),
         details={
-            'Model Type': 'Image classification / ' + (
-                'attention-only network' if arch.startswith('sa_') else
-                'convolutional network with attention' if likeness else 'convolutional network (baseline)'),
+            'Model Type': 'Image classification / ' + model_type(arch, bool(likeness)),
             'Model Stats': {
                 'Params (M)': f"{report['params'] / 1e6:.3f} ({report['params']:,})",
                 'GMACs': f"{report['macs'] / 1e9:.3f} (fvcore, attention matmuls included)",
