@@ -131,9 +131,11 @@ def test_the_sa_twin_warm_starts_from_its_base_keeping_its_evolution_init():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match='learned-positional model without content'):
         ea.init_from(timm.create_model('sa_quadratic_cifar', **kwargs))
-    shallower = timm.create_model('sa_learned_content_cifar', **dict(kwargs, depth=2))
-    with pytest.raises(ValueError, match=r"not the base of this twin.*keys it lacks: \['blocks.2"):
-        ea.init_from(shallower)
+    with pytest.raises(ValueError, match='embed_dim=16.*use a source of the same size'):
+        ea.init_from(timm.create_model('sa_learned_content_cifar', **dict(kwargs, embed_dim=16)))
+    other_scores = timm.create_model('sa_learned_content_cifar', rel_pos_score='head', **kwargs)
+    with pytest.raises(ValueError, match=r"not the base of this twin.*keys only it has: \['blocks.0.attn.pos.col_keys"):
+        ea.init_from(other_scores)
 
 
 def _count_params(name, **kwargs):

@@ -23,7 +23,7 @@ from ..layers.forward_errors import raise_value_error
 from ._input import check_image_batch
 from ._registry import build_family_model, register_model
 from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
-from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa, content_state_from_positional
+from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa, check_same_size, content_state_from_positional
 from .sa_cordonnier import _cfg as _sa_cfg
 
 __all__ = ['EAAAResNet', 'EABlock', 'EABottleneck', 'EACifarResNet', 'EASelfAttentionNet', 'EAVisionTransformer']
@@ -84,6 +84,7 @@ class EASelfAttentionNet(SelfAttentionNet):
         base does). Every weight but the evolution convolutions is carried over, and these keep their
         initialisation. So the twin does not start as the source: from the second layer on, each map is formed from
         ``ReLU(conv(·))`` of the mixed logits (Wang et al., Eq. 3–5). Returns ``self``."""
+        check_same_size(self, source)
         own = self.state_dict()
         positional = not any(blk.attn.content for blk in source.blocks)
         given = content_state_from_positional(self, source) if positional else source.state_dict()

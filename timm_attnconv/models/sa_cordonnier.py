@@ -264,6 +264,14 @@ class SelfAttentionNet(nn.Module):
         return init_content_from_positional(self, source)
 
 
+def check_same_size(model: SelfAttentionNet, source: SelfAttentionNet) -> None:
+    """Refuse a warm-start ``source`` of another width, head count or patch size than ``model``, naming it."""
+    for name in ('embed_dim', 'num_heads', 'patch_size'):
+        if getattr(model, name) != getattr(source, name):
+            raise ValueError(f'cannot initialise from a model with {name}={getattr(source, name)} (this model has '
+                             f'{getattr(model, name)}): use a source of the same size')
+
+
 def init_content_from_positional(
         model: SelfAttentionNet,
         source: SelfAttentionNet,
@@ -291,10 +299,7 @@ def content_state_from_positional(
     writing each head's ``(2M−1, heads)`` score matrix ``S = R Wᵀ`` (rank ≤ heads) as ``U√s · √s Vᵀ``: ``U√s`` becomes
     the shared offset table, ``√s Vᵀ·√D`` the query bias, so that ``q·r/√D`` equals ``w·r`` at zero query weights.
     """
-    for name in ('embed_dim', 'num_heads', 'patch_size'):
-        if getattr(model, name) != getattr(source, name):
-            raise ValueError(f'cannot initialise from a model with {name}={getattr(source, name)} (this model has '
-                             f'{getattr(model, name)}): use a source of the same size')
+    check_same_size(model, source)
     if not all(blk.attn.content for blk in model.blocks):
         raise ValueError('the source weights have another layout (position encoding or content) than this model; '
                          'only a content model (content=True) can start from another layout (a learned-positional '
