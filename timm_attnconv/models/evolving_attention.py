@@ -83,7 +83,7 @@ class EASelfAttentionNet(SelfAttentionNet):
         learned-positional model its base warm-starts from (through :func:`content_state_from_positional`, as the
         base does). Every weight but the evolution convolutions is carried over, and these keep their
         initialisation. So the twin does not start as the source: from the second layer on, each map is formed from
-        ``ReLU(conv(·))`` of the mixed logits (Wang et al., Eq. 3–5). Returns ``self``."""
+        ``ReLU(conv(·))`` of the mixed logits (Wang et al. 2021, §3). Returns ``self``."""
         check_same_size(self, source)
         own = self.state_dict()
         positional = not any(blk.attn.content for blk in source.blocks)
