@@ -487,9 +487,8 @@ def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_don
             f"learning rate was {last['lr']:.3g}, {100 * last['lr'] / config['lr']:.1f}% of its peak {config['lr']:g}.")
 
 
-def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str,
-                   weights: str = 'auto', dtype: str = 'auto', limit: Optional[int] = None,
-                   batch_size: int = 500) -> str:
+def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str, weights: str,
+                   dtype: str, limit: Optional[int], batch_size: int) -> str:
     """The card's ``stage`` command: every option that changes what is shipped or how long staging takes."""
     parts = ['python -m timm_attnconv.stage', run_dir, f'--tag {tag}']
     parts += [f'--{name} {value}' for name, value, default in (
