@@ -74,4 +74,5 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, float]:
 
 
 if __name__ == '__main__':
+    cli.keep_freed_memory()  # this process is the command's: see there
     cli.run(main)
