@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from timm_attnconv.pretrained import sha256_file
-from timm_attnconv.stage import main as stage_main, model_type, paper_top1, training_command, warm_start_sentence
+from timm_attnconv.stage import (
+    main as stage_main, model_type, paper_top1, recipe_differences, training_command, training_options,
+    warm_start_sentence)
 from timm_attnconv.train import main as train_main
 
 from .conftest import SYNTHETIC_TRAIN_IMAGES
@@ -49,6 +51,50 @@ def test_stage_writes_a_hub_folder_and_records_its_digest(tmp_path, synthetic_ci
     assert timm.models.get_pretrained_cfg('sa_quadratic_cifar').notes  # what the folder would have carried
     printed = capsys.readouterr().out
     assert 'sa_quadratic_cifar.test is not in default_cfgs yet' in printed and '--refresh-config' in printed
+
+
+def test_a_card_lists_staged_folders_beside_it_with_how_their_recipes_differ(tmp_path, synthetic_cifar10):
+    # an EA twin's card beside its base's folder (issue: every twin against its base at equal recipe)
+    run = tmp_path / 'run'
+    train_main(TINY + ['--output', str(run), '--epochs', '1', '--data-dir', synthetic_cifar10])
+    common = ['--out', str(tmp_path / 'weights'), '--data-dir', synthetic_cifar10, '--limit', '64', '--record',
+              str(tmp_path / 'sha.json')]
+    base = stage_main([str(run), '--tag', 'base'] + common)
+    kwargs = json.loads(TINY[TINY.index('--model-kwargs') + 1])
+    params = sum(p.numel() for p in timm.create_model('sa_quadratic_cifar', num_classes=10, **kwargs).parameters())
+    row = f"| sa_quadratic_cifar.base (staged; {{}}) | {base['top1']:.2f}% | {params / 1e6:.3f}M |"
+
+    stage_main([str(run), '--tag', 'same'] + common + ['--beside', 'sa_quadratic_cifar.base'])
+    card = (tmp_path / 'weights' / 'sa_quadratic_cifar.same' / 'README.md').read_text()
+    assert row.format('the same training recipe') in card
+    assert '--limit 64 --beside sa_quadratic_cifar.base`' in card  # the card's stage command names it
+    # what the run's config does not hold but its card's command shows: a recipe option, and a neutral one
+    stage_main([str(run), '--tag', 'bf16'] + common + ['--beside', 'sa_quadratic_cifar.base',
+                                                         '--extra-train-args', '--amp bf16 --channels-last'])
+    card = (tmp_path / 'weights' / 'sa_quadratic_cifar.bf16' / 'README.md').read_text()
+    assert row.format('its recipe differs: no `--amp` there, `--amp bf16` here') in card
+
+    with pytest.raises(FileNotFoundError, match='--beside sa_quadratic_cifar.none: no staged folder .* stage that run'):
+        stage_main([str(run), '--tag', 'x'] + common + ['--beside', 'sa_quadratic_cifar.none'])
+    assert not (tmp_path / 'weights' / 'sa_quadratic_cifar.x').exists()
+
+
+def test_recipe_differences_read_the_training_command_of_a_card():
+    # a card's Reproduce block: the command that wrote the --init-from file first, continuation lines, a quoted value
+    card_command = ("python training/gpu/prune.py sa_quadratic_gen_cifar.c10 /tmp/runs/x --half\n"
+                    "python -m timm_attnconv.train \\\n    --model sa_quadratic_gen_pruned_cifar \\\n"
+                    "    --model-kwargs '{\"num_heads\": [7, 5]}' \\\n    --output /tmp/runs/x \\\n"
+                    "    --lr 0.0001 \\\n    --model-ema \\\n    --device cuda --eval-every 10 --compile\n")
+    options = training_options(card_command)
+    assert options == {'--model': 'sa_quadratic_gen_pruned_cifar', '--model-kwargs': '{"num_heads": [7, 5]}',
+                       '--output': '/tmp/runs/x', '--lr': '0.0001', '--model-ema': '', '--device': 'cuda',
+                       '--eval-every': '10', '--compile': ''}
+    here = training_options('python -m timm_attnconv.train --model other --output o --lr 0.0001 --model-ema '
+                            '--model-kwargs \'{"num_heads": [7, 5]}\' --seed 7')
+    assert recipe_differences(options, here) == ['no `--seed` there, `--seed 7` here']  # model, output, device: neutral
+    assert recipe_differences(here, options) == ['`--seed 7` there, no `--seed` here']
+    with pytest.raises(ValueError, match='no `timm_attnconv.train` command'):
+        training_options('python -m timm_attnconv.evaluate --model x')
 
 
 @pytest.mark.parametrize('epochs_done', [1.5, 0.5])  # from its finished epochs / stopped within its first

@@ -15,6 +15,8 @@ stored dtype by measurement (``--dtype auto``: the first of float16 / bfloat16 w
 dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's model kwargs, so that it rebuilds the
 model as trained) and ``model.safetensors``; and beside them a model card ``README.md`` with Hugging Face metadata
 and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
+``--beside ARCH.TAG`` lists staged folders in the card's comparison with their test top-1, parameters and how their
+training commands differ from this run's (an EA twin beside its base, AA beside its plain twin).
 The sha256 of every file of the folder goes to ``timm_attnconv/weights_sha256.json``, which loads check.
 ``config.json`` carries the tag's cfg from ``default_cfgs``; a tag staged before it is registered there gets its
 arch's default cfg under the new tag, and ``--refresh-config`` rewrites the file once the tag is registered.
@@ -24,6 +26,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -169,6 +172,61 @@ def model_type(arch: str, attention: bool) -> str:
     return 'convolutional network with attention' if attention else 'convolutional network (baseline)'
 
 
+# training options that change how a run is computed or tested, not what it trains: left out of a recipe comparison
+RECIPE_NEUTRAL = ('--model', '--output', '--data-dir', '--device', '--compile', '--channels-last', '--eval-every',
+                  '--eval-ema', '--eval-limit', '--log-interval', '--no-resume')
+
+
+def training_options(command: str) -> Dict[str, str]:
+    """The options of the ``timm_attnconv.train`` command in ``command`` (a card's Reproduce block, continuation
+    lines and a preceding command included), ``{'--lr': '0.1', '--model-ema': '', ...}``."""
+    tokens = shlex.split(command.replace('\\\n', ' '))
+    if 'timm_attnconv.train' not in tokens:
+        raise ValueError(f'no `timm_attnconv.train` command in {command[:80]!r}')
+    tokens = tokens[tokens.index('timm_attnconv.train') + 1:]
+    options: Dict[str, str] = {}
+    for i, token in enumerate(tokens):
+        if token.startswith('--'):
+            value = tokens[i + 1] if i + 1 < len(tokens) and not tokens[i + 1].startswith('--') else ''
+            options[token] = value
+    return options
+
+
+def recipe_differences(theirs: Dict[str, str], ours: Dict[str, str]) -> List[str]:
+    """``'`--amp bf16` there, no `--amp` here'`` for each recipe option that the training commands ``theirs`` and
+    ``ours`` (:func:`training_options`) set differently; ``[]`` for the same recipe."""
+    def shown(options, key):
+        if key not in options:
+            return f'no `{key}`'
+        return f'`{key} {options[key]}`' if options[key] else f'`{key}`'
+    keys = [k for k in (*theirs, *[k for k in ours if k not in theirs]) if k not in RECIPE_NEUTRAL]
+    return [f'{shown(theirs, k)} there, {shown(ours, k)} here' for k in keys if theirs.get(k) != ours.get(k)]
+
+
+def _beside_row(folder: Path, command: str) -> str:
+    """The card's comparison row of the staged ``folder`` (``<arch>.<tag>``, written by :func:`stage`): its test
+    top-1 and parameters from its own card and config, and its recipe against this run's training ``command``."""
+    import timm
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(folder / 'README.md')
+    top1 = next((r.metric_value for r in card.data.eval_results or [] if r.metric_name == 'top-1 accuracy'), None)
+    if top1 is None:
+        raise ValueError(f'--beside {folder.name}: its model card has no top-1 accuracy in its metadata; stage its '
+                         f'run again with this version')
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    model = timm.create_model(config['architecture'], **config.get('model_args', {}))
+    params = sum(p.numel() for p in model.parameters())
+    reproduce = re.search(r'Reproduce.*?```bash\n(.*?)```', card.text, re.S)
+    if reproduce is None:
+        recipe = 'its card shows no training command'
+    else:
+        differences = recipe_differences(training_options(reproduce.group(1)), training_options(command))
+        recipe = ('the same training recipe' if not differences else
+                  'its recipe differs: ' + '; '.join(differences))
+    return f'| {folder.name} (staged; {recipe}) | {top1:.2f}% | {params / 1e6:.3f}M |\n'
+
+
 def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metrics: Dict[str, Any],
                 run: Dict[str, Any], likeness: str = '') -> str:
     from huggingface_hub import EvalResult, ModelCardData
@@ -187,6 +245,7 @@ def _model_card(arch_tag: str, cfg: Dict[str, Any], report: Dict[str, Any], metr
     comparison = '| model | CIFAR-10 test top-1 | params |\n|---|---|---|\n'
     comparison += f"| {arch_tag} (this file, {run['epochs_done']} epochs{run['data']} on {run['hardware']}) | " \
                   f"{metrics['top1']:.2f}% | {report['params'] / 1e6:.3f}M |\n"
+    comparison += ''.join(run.get('beside', ()))
     if family:
         comparison += f'| paper, Table 1 (300 epochs): {family[0]} | {family[1]:.1f}% | — |\n'
     storage = run['storage']
@@ -346,14 +405,16 @@ def choose_storage_dtype(model: torch.nn.Module, logits: torch.Tensor, images, l
 def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights',
           data_dir: Optional[str] = None, limit: Optional[int] = None,
           record: os.PathLike = SHA256_RECORD, dtype: str = 'auto', hardware: str = '2 CPU cores',
-          extra_train_args: str = '', init_command: str = '', batch_size: int = 500) -> Dict[str, Any]:
+          extra_train_args: str = '', init_command: str = '', batch_size: int = 500,
+          beside: Sequence[str] = ()) -> Dict[str, Any]:
     """Write ``<out_dir>/<arch>.<tag>/`` from the run in ``run_dir`` and add its sha256 to ``record``.
 
     ``hardware`` names what the run trained on, for the card; ``extra_train_args`` are training options the run used
     that its recorded config does not hold (e.g. ``--amp bf16 --clip-grad 1.0 --device cuda``), so that the card's
     command is the one that ran; ``init_command`` is the command that wrote the run's ``--init-from`` weights file
     (e.g. ``python training/gpu/prune.py ...``), which the card shows before the training command. ``batch_size``:
-    images per forward pass of the evaluations.
+    images per forward pass of the evaluations. ``beside``: staged ``<arch>.<tag>`` folders in ``out_dir`` that the
+    card's comparison lists (:func:`_beside_row`).
     """
     from timm.models import save_for_hf
     from .analysis import conv_likeness_table, has_attention
@@ -365,6 +426,11 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         raise ValueError(f"dtype must be 'auto' or one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     run = _read_run(run_dir)
     config, log = run['config'], run['log']
+    beside_folders = [Path(out_dir) / name for name in beside]
+    for folder in beside_folders:  # before the evaluations: a wrong name fails at once
+        if not (folder / 'README.md').is_file():
+            raise FileNotFoundError(f'--beside {folder.name}: no staged folder {folder} with a model card; stage '
+                                    f'that run first, or name a folder in --out')
     if init_command and not (config.get('init_from') or '').endswith('.safetensors'):
         raise ValueError(f"--init-command names the command that wrote the run's --init-from weights file, but "
                          f"{run_dir!r} started from {config.get('init_from')!r}: drop --init-command")
@@ -404,8 +470,9 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
                 'training in progress' if run['resumable'] else
                 f"stopped after {run['epochs_done']:.4g} of {config['epochs']} epochs; not resumable"),
             schedule=_schedule_note(config, log, run['epochs_done']),
+            beside=[_beside_row(folder, command) for folder in beside_folders],
             stage_command=_stage_command(run_dir, tag, hardware, extra_train_args, init_command, weights, dtype,
-                                          limit, batch_size))
+                                          limit, batch_size, beside))
         shipped = round_weights(model, stored_dtype)  # the model as `pretrained=True` loads the stored file
         likeness = conv_likeness_table(shipped, normalize(images[:64], model.pretrained_cfg['mean'],
                                                           model.pretrained_cfg['std'])) if has_attention(model) else ''
@@ -488,7 +555,7 @@ def _schedule_note(config: Dict[str, Any], log: List[Dict[str, Any]], epochs_don
 
 
 def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str, init_command: str, weights: str,
-                   dtype: str, limit: Optional[int], batch_size: int) -> str:
+                   dtype: str, limit: Optional[int], batch_size: int, beside: Sequence[str] = ()) -> str:
     """The card's ``stage`` command: every option that changes what is shipped or how long staging takes."""
     parts = ['python -m timm_attnconv.stage', run_dir, f'--tag {tag}']
     parts += [f'--{name} {value}' for name, value, default in (
@@ -500,6 +567,8 @@ def _stage_command(run_dir: str, tag: str, hardware: str, extra_train_args: str,
         parts.append(f"--extra-train-args '{extra_train_args}'")
     if init_command:
         parts.append(f"--init-command '{init_command}'")
+    if beside:
+        parts.append('--beside ' + ' '.join(beside))
     return ' '.join(parts)
 
 
@@ -529,6 +598,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                         help="the command that wrote the run's --init-from weights file, for the card (e.g. "
                              "'python training/gpu/prune.py sa_quadratic_gen_cifar.c10 DIR --half')")
     parser.add_argument('--out', default='weights', help='folder of Hub-layout weight folders')
+    parser.add_argument('--beside', nargs='+', default=(), metavar='ARCH.TAG',
+                        help="staged folders in --out that the card's comparison lists with their test top-1, "
+                             "parameters and the options in which their training commands differ from this run's "
+                             "(e.g. an EA twin's base: aa_resnet20_cifar.c10)")
     cli.add_data_dir_arg(parser)
     parser.add_argument('--limit', type=cli.positive_int, default=None, help='evaluate on the first N test images only')
     parser.add_argument('--record', default=str(SHA256_RECORD), help='JSON file of sha256 records to update')
@@ -545,7 +618,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     if not args.run or not args.tag:
         parser.error('stage a run: python -m timm_attnconv.stage RUN --tag TAG')
     result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
-                   args.hardware, args.extra_train_args, args.init_command, args.batch_size)
+                   args.hardware, args.extra_train_args, args.init_command, args.batch_size, args.beside)
     print(json.dumps(result, indent=2))
     return result
 
