@@ -172,9 +172,10 @@ def model_type(arch: str, attention: bool) -> str:
     return 'convolutional network with attention' if attention else 'convolutional network (baseline)'
 
 
-# training options that change how a run is computed or tested, not what it trains: left out of a recipe comparison
-RECIPE_NEUTRAL = ('--model', '--output', '--data-dir', '--device', '--compile', '--channels-last', '--eval-every',
-                  '--eval-ema', '--eval-limit', '--log-interval', '--no-resume')
+# the training options (their names after the --) that change how a run is computed or tested, not what it trains:
+# left out of a recipe comparison
+RECIPE_NEUTRAL = ('model', 'output', 'data-dir', 'device', 'compile', 'channels-last', 'eval-every', 'eval-ema',
+                  'eval-limit', 'log-interval', 'no-resume')
 
 
 def training_options(command: str) -> Dict[str, str]:
@@ -199,7 +200,7 @@ def recipe_differences(theirs: Dict[str, str], ours: Dict[str, str]) -> List[str
         if key not in options:
             return f'no `{key}`'
         return f'`{key} {options[key]}`' if options[key] else f'`{key}`'
-    keys = [k for k in (*theirs, *[k for k in ours if k not in theirs]) if k not in RECIPE_NEUTRAL]
+    keys = [k for k in (*theirs, *[k for k in ours if k not in theirs]) if k[2:] not in RECIPE_NEUTRAL]
     return [f'{shown(theirs, k)} there, {shown(ours, k)} here' for k in keys if theirs.get(k) != ours.get(k)]
 
 
