@@ -508,7 +508,7 @@ default_cfgs = generate_default_cfgs({
         hf_hub_id=hub_id('sa_learned_tiny_cifar.c10_18ep'),
         notes=(TINY_NOTE, 'c10 + a second cosine cycle of 6 epochs (peak lr 1e-3): 18 epochs in all')),
     'sa_learned_tiny_cifar.c10': _cfg(hf_hub_id=hub_id('sa_learned_tiny_cifar.c10'), notes=(TINY_NOTE,)),
-    # the default: from scratch on a GPU, the 40-epoch compact recipe of sa_quadratic_tiny_cifar.c10_40ep
+    # the default (an arch's first tag): the one from-scratch run, ahead of both warm starts below
     'sa_learned_content_tiny_cifar.c10_40ep': _cfg(
         hf_hub_id=hub_id('sa_learned_content_tiny_cifar.c10_40ep'),
         notes=(TINY_NOTE, '40 AdamW epochs from scratch on one H200, the recipe of sa_quadratic_tiny_cifar.c10_40ep')),
