@@ -331,6 +331,30 @@ def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name
             _assert_near(variant(x).float(), reference(x).float(), f'{name}, {layout}, bf16', 2e-2)
 
 
+# beside each model's own choices: the kernels a layer may be set to that are not defined for no batch (SDPA's flash
+# backend before torch 2.10, FlexAttention's score_mod, a Triton launch), which the layers route an empty batch around
+EMPTY_BATCH_CHOICES = (
+    [(name, None) for name in MODELS]
+    + [(name, ('kernel', kernel)) for name in ('aa_resnet20_cifar', 'sa_learned_content_cifar')
+       for kernel in ('sdpa', 'sdpa_onehot', 'flex')]
+    + [(name, ('layout', layout)) for name in ('ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224')
+       for layout in ('triton', 'triton_matmul', 'triton_attention', 'triton_attention_from_logits')])
+
+
+@pytest.mark.parametrize('name, choice', EMPTY_BATCH_CHOICES, ids=str)
+def test_an_empty_batch_gives_an_empty_output_on_the_device(name, choice):
+    model, x = _small(name, batch=0)
+    if choice is not None:
+        (set_attn_kernel if choice[0] == 'kernel' else set_evolution_layout)(model, choice[1])
+    model, x = model.to(DEVICE), x.to(DEVICE)
+    with torch.no_grad():
+        assert model(x).shape[0] == 0
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            assert model(x).shape[0] == 0
+    if choice is None:
+        model.train()(x).float().sum().backward()
+
+
 @pytest.mark.parametrize('name', COMPILED)
 def test_a_compiled_model_gives_the_eager_results_and_trains(name):
     model, x = _small(name, batch=4)

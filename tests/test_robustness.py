@@ -1,9 +1,12 @@
 """Property-based checks over batch sizes, image sizes, channels and dtypes for every family: a correct output
-shape with finite values, or a ValueError that names the problem; eval is deterministic."""
+shape with finite values, or a ValueError that names the problem; eval is deterministic. An empty batch gives an
+empty output on every path, as timm's models do."""
 import pytest
 import timm
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
+
+from timm_attnconv.layers import ATTN_KERNELS, ATTN_PATHS, EVOLUTION_LAYOUTS, set_evolution_layout
 
 # one compact model per family (the paper-size ones share their code)
 FAMILIES = {'sa_quadratic_tiny_cifar': 2, 'sa_learned_content_tiny_cifar': 2, 'aa_resnet20_cifar': 1,
@@ -19,7 +22,7 @@ def _model(name, in_chans):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(sorted(FAMILIES)), batch=st.integers(1, 3), height=st.integers(1, 40),
+@given(name=st.sampled_from(sorted(FAMILIES)), batch=st.integers(0, 3), height=st.integers(1, 40),
        width=st.integers(1, 40), in_chans=st.sampled_from([1, 3]), given_chans=st.sampled_from([1, 3, 4]),
        dtype=st.sampled_from([torch.float32, torch.float64, torch.uint8]))
 def test_output_is_correct_and_finite_or_the_error_is_clear(name, batch, height, width, in_chans, given_chans,
@@ -37,6 +40,36 @@ def test_output_is_correct_and_finite_or_the_error_is_clear(name, batch, height,
         out = model(x)
         assert out.shape == (batch, 5) and out.dtype == x.dtype and torch.isfinite(out).all()
         assert torch.equal(model(x), out)  # eval is deterministic
+
+
+def _evolution_cases(name, **kwargs):
+    # 'shifted_sum' compiles its update per map shape (tens of seconds here): slow
+    return [pytest.param(name, dict(kwargs, layout=layout), marks=[pytest.mark.slow] * (layout == 'shifted_sum'))
+            for layout in EVOLUTION_LAYOUTS]
+
+
+# every named path and kernel of each family, with its model's forward options
+EMPTY_BATCH_CASES = (
+    [('sa_quadratic_tiny_cifar', dict(attn_path=path)) for path in ATTN_PATHS]
+    + [('sa_learned_content_tiny_cifar', dict(attn_kernel=kernel)) for kernel in ATTN_KERNELS]
+    + [('aa_resnet20_cifar', dict(attn_kernel=kernel)) for kernel in ATTN_KERNELS]
+    + _evolution_cases('ea_aa_resnet20_cifar') + _evolution_cases('deit_ea_tiny_patch16_224', img_size=32))
+
+
+@pytest.mark.parametrize('name,kwargs', EMPTY_BATCH_CASES, ids=str)
+def test_an_empty_batch_gives_an_empty_output(name, kwargs, eager_flex):
+    kwargs = dict(kwargs)
+    layout = kwargs.pop('layout', None)
+    model = timm.create_model(name, num_classes=5, **kwargs)
+    if layout is not None:
+        set_evolution_layout(model, layout)
+    x = torch.zeros(0, 3, 32, 32)
+    with torch.no_grad():
+        assert model.eval()(x).shape == (0, 5)
+        assert [y.shape[0] for y in model.forward_intermediates(x, intermediates_only=True)] == [0] * len(
+            model.feature_info)
+    if kwargs.get('attn_kernel') != 'flex':  # FlexAttention has no CPU backward
+        model.train()(x).sum().backward()
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])

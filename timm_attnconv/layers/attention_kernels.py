@@ -187,6 +187,8 @@ def relative_attention(
     :func:`flex_unsupported_reason`); where its compiled kernel fails, SDPA runs instead (the same maths) if the
     layer's ``requested`` kernel was ``'auto'``, and otherwise a ``ValueError`` says why.
     """
+    if kernel == 'flex' and q.shape[0] == 0:
+        kernel = 'sdpa'  # an empty batch: nothing to attend, and FlexAttention's score_mod cannot index no batch
     if kernel == 'flex' and not torch.jit.is_scripting():
         return _flex_or_fallback(q, k, v, scale, rows, cols, 'sdpa' if requested == 'auto' else None)
     if kernel == 'sdpa_onehot':

@@ -174,11 +174,12 @@ class AAConv2d(AttentionLayer):
         for _ in range(self.num_pools):
             x = F.avg_pool2d(x, 3, 2, 1, count_include_pad=False)
         batch, _, height, width = x.shape
-        q, k, v = self.qkv(x).reshape(batch, -1, height * width).split([self.dim_k, self.dim_k, self.dim_v], dim=1)
+        # sizes spelled out, never -1: an empty batch has no size to infer
+        q, k, v = self.qkv(x).flatten(2).split([self.dim_k, self.dim_k, self.dim_v], dim=1)
         # head-major channels: channel c of q belongs to head c // d_kh (the appendix's split_heads_2d)
-        q = q.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2) * self.scale
-        k = k.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
-        v = v.reshape(batch, self.num_heads, -1, height * width).transpose(-1, -2)
+        q = q.reshape(batch, self.num_heads, self.dim_head_k, height * width).transpose(-1, -2) * self.scale
+        k = k.reshape(batch, self.num_heads, self.dim_head_k, height * width).transpose(-1, -2)
+        v = v.reshape(batch, self.num_heads, self.dim_v // self.num_heads, height * width).transpose(-1, -2)
         return q, k, v, (height, width)
 
     def _relative_terms(

@@ -128,6 +128,8 @@ def _inputs_reason(maps: torch.Tensor, inputs: Tuple[torch.Tensor, ...], weight:
         return 'inside a compiled or traced graph the reference update runs (inductor lowers it there)'
     if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
         return 'a gradient is needed and the Triton kernel has no backward (run inference under torch.no_grad())'
+    if maps.shape[0] == 0:
+        return 'an empty batch: nothing to launch the kernel for (the reference update returns it as it is)'
     if maps.dtype not in _DTYPES:
         return f'maps in {maps.dtype}: the kernel takes {", ".join(str(d) for d in _DTYPES)}'
     size = weight.shape[-1]

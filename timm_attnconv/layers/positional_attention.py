@@ -255,7 +255,7 @@ class PositionalSelfAttention(AttentionLayer):
             y = torch.bmm(rows[head].expand(batch, height, height), y.reshape(batch, height, width * dim))  # rows
             y = y.reshape(batch * height * width, dim)
             out = torch.addmm(out, y, weight[:, head * dim:(head + 1) * dim].t())  # this head's value map, summed
-        return out.reshape(batch, height, width, -1)
+        return out.reshape(batch, height, width, weight.shape[0])
 
     def _attend_separable_batched(self, x: torch.Tensor) -> torch.Tensor:
         # The same sum as _attend_separable_loop with every head in one contraction per step: one matrix product mixes

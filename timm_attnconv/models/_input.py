@@ -14,7 +14,8 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1,
                       size: Optional[Tuple[int, int]] = None) -> None:
     """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with
     ``H``, ``W`` positive multiples of ``multiple`` (the patch size of token models) and, given ``size``, equal to it
-    (a model whose position embedding has one grid)."""
+    (a model whose position embedding has one grid). An empty batch passes: as timm's models, the families return
+    an empty batch of outputs."""
     sizes = f' with H and W multiples of {multiple}' if multiple > 1 else ''
     expected = f'a float tensor of shape (batch, {in_chans}, H, W){sizes}'
     if x.dim() != 4:
@@ -29,7 +30,7 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1,
     if size is not None and (height != size[0] or width != size[1]):
         raise_value_error(f'expected {expected}; got {height}×{width} images, but this model takes {size[0]}×{size[1]} '
                           f'only (create it with dynamic_img_size=True to run other sizes)')
-    if x.shape[0] < 1 or height < multiple or width < multiple or height % multiple or width % multiple:
+    if height < multiple or width < multiple or height % multiple or width % multiple:
         raise_value_error(f'expected {expected}; got a batch of {x.shape[0]} images of {height}×{width}')
 
 

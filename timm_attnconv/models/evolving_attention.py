@@ -290,7 +290,7 @@ class EAVisionTransformer(VisionTransformer):
         intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
         if output_fmt == 'NCHW':
             grid_h, grid_w = self.patch_embed.dynamic_feat_size((height, width))
-            intermediates = [y.reshape(batch, grid_h, grid_w, -1).permute(0, 3, 1, 2).contiguous()
+            intermediates = [y.reshape(batch, grid_h, grid_w, y.shape[-1]).permute(0, 3, 1, 2).contiguous()
                              for y in intermediates]
         if output_dict:  # timm's keys
             outputs: Dict[str, Any] = {'image_intermediates': intermediates}
