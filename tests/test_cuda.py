@@ -331,8 +331,9 @@ def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name
             _assert_near(variant(x).float(), reference(x).float(), f'{name}, {layout}, bf16', 2e-2)
 
 
-# beside each model's own choices: the kernels a layer may be set to that are not defined for no batch (SDPA's flash
-# backend before torch 2.10, FlexAttention's score_mod, a Triton launch), which the layers route an empty batch around
+# beside each model's own choices, the kernels a layer may be set to: FlexAttention's score_mod and a Triton launch
+# have no batch to work on (the layers route an empty batch around them), and SDPA's flash backend refused one in
+# older torch versions (pytorch/pytorch#133780)
 EMPTY_BATCH_CHOICES = (
     [(name, None) for name in MODELS]
     + [(name, ('kernel', kernel)) for name in ('aa_resnet20_cifar', 'sa_learned_content_cifar')
