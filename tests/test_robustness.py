@@ -1,6 +1,6 @@
 """Property-based checks over batch sizes, image sizes, channels and dtypes for every family: a correct output
 shape with finite values, or a ValueError that names the problem; eval is deterministic. An empty batch gives an
-empty output on every path, as timm's models do."""
+empty output on every path, as timm's models do, also once compiled for dynamic batch sizes."""
 import pytest
 import timm
 import torch
@@ -70,6 +70,19 @@ def test_an_empty_batch_gives_an_empty_output(name, kwargs, eager_flex):
             model.feature_info)
     if kwargs.get('attn_kernel') != 'flex':  # FlexAttention has no CPU backward
         model.train()(x).sum().backward()
+
+
+@pytest.mark.slow  # 3-26 s of tracing per model here
+@pytest.mark.parametrize('name,kwargs', [(name, {}) for name in FAMILIES]
+                         + [('deit_ea_tiny_patch16_224', {'img_size': 32})], ids=str)
+def test_a_model_compiled_for_dynamic_batches_takes_an_empty_batch(name, kwargs):
+    # dynamo specialises batch sizes 0 and 1, so the empty batch is a second graph traced after the symbolic one
+    model = timm.create_model(name, num_classes=5, **kwargs).eval()
+    compiled = torch.compile(model, dynamic=True, backend='aot_eager')
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        assert compiled(x[:0]).shape == (0, 5)
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
