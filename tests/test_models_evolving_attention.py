@@ -222,6 +222,16 @@ def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
         ea(torch.randn(1, 3, 96, 100))
 
 
+def test_ea_deit_with_dynamic_img_size_takes_an_empty_batch():
+    # timm's DeiT with dynamic_img_size fails on one (timm 1.0.31: its _pos_embed cannot view no tokens as (0, -1, C))
+    ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5)
+    x = torch.zeros(0, 3, 96, 64)
+    with torch.no_grad():
+        assert ea.eval()(x).shape == (0, 5)
+        assert [t.shape for t in ea.forward_intermediates(x, intermediates_only=True)] == [(0, 192, 6, 4)] * 2
+    ea.train()(x).sum().backward()
+
+
 def test_ea_deit_of_one_size_refuses_others_naming_dynamic_img_size():
     # timm's PatchEmbed would assert; the model refuses first, with the fix (and, compiled, from outside the graph)
     ea = timm.create_model('deit_ea_tiny_patch16_224', depth=1, img_size=64).eval()
