@@ -223,7 +223,7 @@ def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
 
 
 def test_ea_deit_with_dynamic_img_size_takes_an_empty_batch():
-    # timm's DeiT with dynamic_img_size fails on one (timm 1.0.31: its _pos_embed cannot view no tokens as (0, -1, C))
+    # timm's DeiT with dynamic_img_size fails here (timm 1.0.31: its _pos_embed cannot view no tokens as (0, -1, C))
     ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5)
     x = torch.zeros(0, 3, 96, 64)
     with torch.no_grad():

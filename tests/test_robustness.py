@@ -72,7 +72,7 @@ def test_an_empty_batch_gives_an_empty_output(name, kwargs, eager_flex):
         model.train()(x).sum().backward()
 
 
-@pytest.mark.slow  # 3-26 s of tracing per model here
+@pytest.mark.slow  # up to a minute of tracing per model here
 @pytest.mark.parametrize('name,kwargs', [(name, {}) for name in FAMILIES]
                          + [('deit_ea_tiny_patch16_224', {'img_size': 32})], ids=str)
 def test_a_model_compiled_for_dynamic_batches_takes_an_empty_batch(name, kwargs):
