@@ -252,7 +252,7 @@ class EAVisionTransformer(VisionTransformer):
         embed = self.patch_embed
         size = embed.img_size if embed.img_size is not None and embed.strict_img_size else None
         check_image_batch(x, embed.proj.in_channels, 1 if embed.dynamic_img_pad else embed.patch_size[0], size)
-        if x.shape[0] == 0 and self.dynamic_img_size:
+        if self.dynamic_img_size and x.shape[0] == 0:  # the size first: FX cannot branch on a batch size
             # timm's _pos_embed flattens a dynamic grid with view(B, -1, C), which an empty batch leaves undetermined
             # (timm's own DeiT fails there): the tokens of one blank image, none of them kept
             return self._tokens(x.new_zeros(1, *x.shape[1:]))[:0]
