@@ -381,6 +381,8 @@ def aa_resnet50_fa(pretrained: bool = False, **kwargs) -> AAResNet:
 
 
 RESNET20 = dict(depths=(3, 3, 3), widths=(16, 32, 64), stem_width=16)
+# aa_resnet20_cifar's layout, shared by its EA twin so that the two stay the same network but for the evolution
+AA_RESNET20 = dict(RESNET20, aa_stages=(2, 3), num_heads=4, kappa=0.5, upsilon=0.25, min_dim_head_qk=8)
 
 
 @register_model
@@ -398,8 +400,7 @@ def aa_wide_resnet28_10_cifar(pretrained: bool = False, **kwargs) -> CifarResNet
 def aa_resnet20_cifar(pretrained: bool = False, **kwargs) -> CifarResNet:
     """ResNet-20 with AA in stages 2–3 (4 heads, κ = 0.5, υ = 0.25, ≥ 8 key dims per head): a compact twin for CPU
     training. The paper's κ = 0.2, υ = 0.1 would give no value channels at widths 32 and 64."""
-    model_args = dict(RESNET20, aa_stages=(2, 3), num_heads=4, kappa=0.5, upsilon=0.25, min_dim_head_qk=8)
-    return _create_cifar_resnet('aa_resnet20_cifar', pretrained, **dict(model_args, **kwargs))
+    return _create_cifar_resnet('aa_resnet20_cifar', pretrained, **dict(AA_RESNET20, **kwargs))
 
 
 @register_model

@@ -22,7 +22,8 @@ from ..layers.evolving import check_timm_api
 from ..layers.forward_errors import raise_value_error
 from ._input import check_image_batch
 from ._registry import build_family_model, register_model
-from .attn_augment import RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet, checkpoint_filter_fn
+from .attn_augment import AA_RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet
+from .attn_augment import checkpoint_filter_fn
 from .sa_cordonnier import TINY_ARGS, SelfAttentionNet, _create_sa, check_same_size, content_state_from_positional
 from .sa_cordonnier import _cfg as _sa_cfg
 
@@ -395,8 +396,7 @@ def ea_sa_learned_content_tiny_cifar(pretrained: bool = False, **kwargs) -> EASe
 @register_model
 def ea_aa_resnet20_cifar(pretrained: bool = False, **kwargs) -> EACifarResNet:
     """``aa_resnet20_cifar`` with evolving attention within stages 2 and 3 (the compact EA twin for CPU training)."""
-    model_args = dict(RESNET20, aa_stages=(2, 3), num_heads=4, kappa=0.5, upsilon=0.25, min_dim_head_qk=8,
-                      evolve_residual=0.5, evolve_conv_weight=1.0)
+    model_args = dict(AA_RESNET20, evolve_residual=0.5, evolve_conv_weight=1.0)
     return _create_cifar_resnet('ea_aa_resnet20_cifar', pretrained, model_cls=EACifarResNet,
                                 **dict(model_args, **kwargs))
 
