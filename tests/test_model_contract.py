@@ -148,6 +148,8 @@ def test_fx_trace(name):
         out = tuple(fx_model(x).values())[0]
         assert torch.equal(out, model(x))
         torch.testing.assert_close(tuple(torch.jit.script(fx_model)(x).values())[0], out)  # timm's FX → TorchScript
+        with pytest.raises(ValueError, match='got dtype torch.uint8'):  # the input check survives FX's dead-code pass
+            fx_model(x.to(torch.uint8))
 
 
 @pytest.mark.parametrize('name', MODELS)

@@ -195,13 +195,15 @@ def test_ea_deit_intermediates_are_timm_deits_in_every_output_form(kwargs):
         assert all(y.is_contiguous() for y in got[1])  # NCHW copies, as timm's
 
 
-def test_ea_deit_intermediates_refuse_attention_masks_naming_why():
+def test_ea_deit_refuses_attention_masks_naming_why():
+    # timm's ViT forward, forward_features and forward_intermediates take them; the EA DeiT names why it cannot
     ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, img_size=32).eval()
     x = torch.randn(1, 3, 32, 32)
     for kwargs in (dict(attn_mask=torch.zeros(5, 5, dtype=torch.bool)), dict(is_causal=True)):
-        with pytest.raises(ValueError, match="takes no attn_mask or is_causal: each layer's convolution runs over the "
-                                             "previous layer's full maps"):
-            ea.forward_intermediates(x, **kwargs)
+        for method in (ea, ea.forward_features, ea.forward_intermediates):
+            with pytest.raises(ValueError, match="takes no attn_mask or is_causal: each layer's convolution runs over "
+                                                 "the previous layer's full maps"):
+                method(x, **kwargs)
 
 
 def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
@@ -220,6 +222,20 @@ def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
 
     with pytest.raises(ValueError, match='H and W multiples of 16; got a batch of 1 images of 96×100'):
         ea(torch.randn(1, 3, 96, 100))
+
+
+def test_ea_deit_with_dynamic_img_size_traces_with_fx_like_timm_deit():
+    # timm's FX tracer leaves its position-embedding resampling untraced in the modules of the traced forward: timm's
+    # own, which the EA DeiT inherits for that
+    from timm.models import create_feature_extractor
+    ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5).eval()
+    traced = create_feature_extractor(ea, return_nodes=['head'])
+    with torch.no_grad():
+        for size in (224, 96):
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(traced(x)['head'], ea(x))
+        with pytest.raises(ValueError, match='takes no attn_mask or is_causal'):
+            traced(x, is_causal=True)
 
 
 def test_ea_deit_with_dynamic_img_size_takes_an_empty_batch():

@@ -3,6 +3,7 @@ from typing import Optional, Tuple
 
 import torch
 from timm.layers import register_notrace_function
+from torch.fx.node import has_side_effect
 
 from ..layers.forward_errors import raise_value_error
 
@@ -10,6 +11,7 @@ __all__ = ['check_image_batch']
 
 
 @register_notrace_function  # a leaf for timm's feature-extraction tracer (where the root model's module calls it)
+@has_side_effect  # kept by FX's dead-code pass (create_feature_extractor runs it), though its result is unused
 def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1,
                       size: Optional[Tuple[int, int]] = None) -> None:
     """Raise a ``ValueError`` naming the expected shape unless ``x`` is a float ``(B, in_chans, H, W)`` batch with

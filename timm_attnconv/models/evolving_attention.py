@@ -16,6 +16,7 @@ from timm.models._features import feature_take_indices
 from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block, VisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn as vit_checkpoint_filter_fn
+from torch.fx.node import has_side_effect
 
 from ..layers import AAConv2d, ChainedAAConv2d, ChainedAttention, EvolvingChain, link_chain
 from ..layers.evolving import check_timm_api
@@ -236,6 +237,23 @@ class EACifarResNet(CifarResNet):
         return intermediates if intermediates_only else (self.norm(x), intermediates)
 
 
+@has_side_effect  # an FX graph calls it on the masks it gets (torch.fx.wrap below), though its result is unused
+def _refuse_attention_masks(attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
+    if attn_mask is not None or is_causal:
+        raise_value_error("evolving attention takes no attn_mask or is_causal: each layer's convolution runs over the "
+                          "previous layer's full maps (call the model without them)")
+
+
+torch.fx.wrap('_refuse_attention_masks')
+
+
+def _an_empty_batch(x: torch.Tensor) -> bool:
+    if torch.jit.is_scripting():
+        return x.shape[0] == 0
+    else:  # FX cannot branch on a batch size: its graph takes timm's path, as timm's DeiT does
+        return not isinstance(x, torch.fx.Proxy) and x.shape[0] == 0
+
+
 class EAVisionTransformer(VisionTransformer):
     """timm's ``VisionTransformer`` with one evolving-attention chain through all blocks (class token included in
     the maps), built with timm's ``block_fn`` and ``attn_layer`` hooks. An extension none of the papers built: for
@@ -253,18 +271,18 @@ class EAVisionTransformer(VisionTransformer):
         embed = self.patch_embed
         size = embed.img_size if embed.img_size is not None and embed.strict_img_size else None
         check_image_batch(x, embed.proj.in_channels, 1 if embed.dynamic_img_pad else embed.patch_size[0], size)
-        if self.dynamic_img_size and x.shape[0] == 0:  # the size first: FX cannot branch on a batch size
+        if self.dynamic_img_size and _an_empty_batch(x):
             # timm's _pos_embed flattens a dynamic grid with view(B, -1, C), which an empty batch leaves undetermined
             # (timm's own DeiT fails there): the tokens of one blank image, none of them kept
             return self._tokens(x.new_zeros(1, *x.shape[1:]))[:0]
         return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        # no attention masks: evolving attention convolves full maps
+    def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                         is_causal: bool = False) -> torch.Tensor:
+        # timm's VisionTransformer.forward calls this: as the traced root, its module lets FX leave timm's position
+        # embedding resampling (dynamic_img_size) untraced, as for timm's DeiT
+        _refuse_attention_masks(attn_mask, is_causal)
         return self.norm(self.blocks(self._tokens(x), None, self.grad_checkpointing)[0])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
             self,
@@ -281,9 +299,7 @@ class EAVisionTransformer(VisionTransformer):
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]], Dict[str, Any]]:
         """timm's ViT ``forward_intermediates`` with the chain threaded, ``output_dict`` included; no attention masks
         (``attn_mask``, ``is_causal``): the evolution convolves each layer's full maps into the next one's."""
-        if attn_mask is not None or is_causal:
-            raise_value_error('evolving attention takes no attn_mask or is_causal: each layer\'s convolution runs over '
-                              'the previous layer\'s full maps (call forward_intermediates without them)')
+        _refuse_attention_masks(attn_mask, is_causal)
         if output_fmt not in ('NCHW', 'NLC'):
             raise_value_error(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
