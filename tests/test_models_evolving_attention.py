@@ -5,6 +5,7 @@ import pytest
 import timm
 import torch
 
+from timm.layers import set_scriptable
 from timm.models.resnet import Bottleneck
 from timm.models.vision_transformer import Block
 
@@ -224,18 +225,22 @@ def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
         ea(torch.randn(1, 3, 96, 100))
 
 
-def test_ea_deit_with_dynamic_img_size_traces_with_fx_like_timm_deit():
+def test_ea_deit_with_dynamic_img_size_traces_with_fx_and_scripts_like_timm_deit():
     # timm's FX tracer leaves its position-embedding resampling untraced in the modules of the traced forward: timm's
     # own, which the EA DeiT inherits for that
     from timm.models import create_feature_extractor
-    ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5).eval()
+    with set_scriptable(True):
+        ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5).eval()
     traced = create_feature_extractor(ea, return_nodes=['head'])
+    scripted = torch.jit.script(ea)
     with torch.no_grad():
-        for size in (224, 96):
-            x = torch.randn(2, 3, size, size)
+        for height, width in ((224, 224), (96, 64)):
+            x = torch.randn(2, 3, height, width)
             torch.testing.assert_close(traced(x)['head'], ea(x))
+            torch.testing.assert_close(scripted(x), ea(x))
         with pytest.raises(ValueError, match='takes no attn_mask or is_causal'):
             traced(x, is_causal=True)
+        assert scripted(torch.zeros(0, 3, 96, 64)).shape == (0, 5)
 
 
 def test_ea_deit_with_dynamic_img_size_takes_an_empty_batch():

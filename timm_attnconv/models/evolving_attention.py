@@ -271,11 +271,13 @@ class EAVisionTransformer(VisionTransformer):
         embed = self.patch_embed
         size = embed.img_size if embed.img_size is not None and embed.strict_img_size else None
         check_image_batch(x, embed.proj.in_channels, 1 if embed.dynamic_img_pad else embed.patch_size[0], size)
-        if self.dynamic_img_size and _an_empty_batch(x):
-            # timm's _pos_embed flattens a dynamic grid with view(B, -1, C), which an empty batch leaves undetermined
-            # (timm's own DeiT fails there): the tokens of one blank image, none of them kept
-            return self._tokens(x.new_zeros(1, *x.shape[1:]))[:0]
-        return self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        # timm's _pos_embed flattens a dynamic grid with view(B, -1, C), which an empty batch leaves undetermined
+        # (timm's own DeiT fails there): the tokens of one blank image, none of them kept
+        empty = self.dynamic_img_size and _an_empty_batch(x)
+        if empty:
+            x = x.new_zeros(1, x.shape[1], x.shape[2], x.shape[3])
+        tokens = self.norm_pre(self.patch_drop(self._pos_embed(self.patch_embed(x))))
+        return tokens[:0] if empty else tokens
 
     def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                          is_causal: bool = False) -> torch.Tensor:
