@@ -243,6 +243,20 @@ def test_ea_deit_with_dynamic_img_size_traces_with_fx_and_scripts_like_timm_deit
         assert scripted(torch.zeros(0, 3, 96, 64)).shape == (0, 5)
 
 
+def test_ea_deit_with_dynamic_img_pad_follows_timm_deit_at_any_size():
+    # timm pads the image to whole patches; the maps follow the padded grid (7×6 patches for 100×90 images)
+    kwargs = dict(depth=2, dynamic_img_size=True, dynamic_img_pad=True)
+    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
+    load_without_evolution(base, ea)
+    with torch.no_grad():
+        for height, width in ((100, 90), (33, 17)):
+            x = torch.randn(1, 3, height, width)
+            torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+            assert ea.forward_intermediates(x, intermediates_only=True)[0].shape == \
+                (1, 192, -(-height // 16), -(-width // 16))
+
+
 def test_ea_deit_with_dynamic_img_size_takes_an_empty_batch():
     # timm's DeiT with dynamic_img_size fails here (timm 1.0.31: its _pos_embed cannot view no tokens as (0, -1, C))
     ea = timm.create_model('deit_ea_tiny_patch16_224', depth=2, dynamic_img_size=True, num_classes=5)
