@@ -281,8 +281,8 @@ class EAVisionTransformer(VisionTransformer):
 
     def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                          is_causal: bool = False) -> torch.Tensor:
-        # timm's VisionTransformer.forward calls this: as the traced root, its module lets FX leave timm's position
-        # embedding resampling (dynamic_img_size) untraced, as for timm's DeiT
+        # no forward of its own: timm's VisionTransformer.forward calls this, and with the traced root in timm's module
+        # FX leaves timm's position-embedding resampling (dynamic_img_size) untraced, as for timm's DeiT
         _refuse_attention_masks(attn_mask, is_causal)
         return self.norm(self.blocks(self._tokens(x), None, self.grad_checkpointing)[0])
 
