@@ -173,6 +173,20 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
         torch.testing.assert_close(ea.forward_head(final), ea(x))
 
 
+@pytest.mark.parametrize('kwargs', [dict(class_token=False, global_pool='avg'), dict(reg_tokens=4),
+                                    dict(no_embed_class=True), dict(qk_norm=True), dict(fc_norm=True),
+                                    dict(pos_embed='none')])
+def test_ea_deit_takes_timm_vit_options_as_timm_deit_does(kwargs):
+    # EA-DeiT builds on timm's VisionTransformer: its token and norm options must reach the evolved blocks unchanged
+    kwargs = dict(depth=2, img_size=64, **kwargs)
+    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
+    load_without_evolution(base, ea)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize('kwargs', [dict(norm=True), dict(output_fmt='NLC'), dict(return_prefix_tokens=True),
                                     dict(output_dict=True, return_prefix_tokens=True, indices=[1]),
                                     dict(output_dict=True, intermediates_only=True, stop_early=True, indices=1),
