@@ -21,6 +21,7 @@ from torch.fx.node import has_side_effect
 from ..layers import AAConv2d, ChainedAAConv2d, ChainedAttention, EvolvingChain, link_chain
 from ..layers.evolving import check_timm_api
 from ..layers.forward_errors import raise_value_error
+from ..pretrained import hub_id
 from ._input import check_image_batch
 from ._registry import build_family_model, register_model
 from .attn_augment import AA_RESNET20, AAResNet, CifarResNet, _cfg, _cifar_cfg, _create_cifar_resnet
@@ -356,9 +357,10 @@ default_cfgs = generate_default_cfgs({
     'ea_sa_learned_content_cifar': _sa_cfg(notes=(EA_SA_NOTE,), paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
     'ea_sa_learned_content_tiny_cifar': _sa_cfg(notes=(EA_SA_NOTE, 'compact CPU-trainable twin, D=64'),
                                                paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
-    'ea_aa_resnet20_cifar': _cifar_cfg(
-        'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage, for CPU training',
-        paper_ids='arXiv:1904.09925,arXiv:2102.12895'),
+    'ea_aa_resnet20_cifar.c10': _cifar_cfg(
+        'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage; c10: 100 SGD epochs on 2 CPU '
+        'cores, the recipe of aa_resnet20_cifar.c10', paper_ids='arXiv:1904.09925,arXiv:2102.12895',
+        hf_hub_id=hub_id('ea_aa_resnet20_cifar.c10')),
     'deit_ea_tiny_patch16_224': _ea_vit_cfg('DeiT-Ti (timm deit_tiny_patch16_224) + 11 EA convs'),
     'deit_ea_small_patch16_224': _ea_vit_cfg('DeiT-S (timm deit_small_patch16_224) + 11 EA convs'),
     'ea_aa_resnet50': _ea_cfg('released EA-AA-ResNet-50 layout (kappa 0.25, upsilon 0.125): 24,967,712 params, '
