@@ -36,6 +36,14 @@ def load_without_evolution(base, ea_model):
     assert not missing and unexpected and all('.evolve.' in k for k in unexpected)
 
 
+def twins_without_evolution(ea_name, base_name, **kwargs):
+    """An EA model with its evolution off (r = c = 0) and its base holding the same weights, both in eval mode."""
+    ea = timm.create_model(ea_name, evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
+    base = timm.create_model(base_name, **kwargs).eval()
+    load_without_evolution(base, ea)
+    return ea, base
+
+
 def _base_with_same_weights(ea_model):
     base = timm.create_model('aa_resnet50', kappa=0.25, upsilon=0.125, min_dim_head_qk=1, qkv_bias=True,
                              proj_bias=True, layers=(2, 2, 2, 2), zero_init_last=False).eval()
@@ -96,9 +104,7 @@ def test_evolve_false_is_the_base_model_for_benchmarks():
 def test_ea_on_the_sa_content_model():
     assert _count_params('ea_sa_learned_content_cifar') == 29_484_282 + 5 * (9 * 9 * 9 + 9)  # base + 5 EA convs
     kwargs = dict(embed_dim=32, mlp_dim=48, depth=3)
-    ea = timm.create_model('ea_sa_learned_content_cifar', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
-    base = timm.create_model('sa_learned_content_cifar', **kwargs).eval()
-    load_without_evolution(base, ea)
+    ea, base = twins_without_evolution('ea_sa_learned_content_cifar', 'sa_learned_content_cifar', **kwargs)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -144,11 +150,9 @@ def _count_params(name, **kwargs):
 
 
 def test_ea_cifar_twin_chains_within_each_stage():
-    ea = timm.create_model('ea_aa_resnet20_cifar', evolve_residual=0., evolve_conv_weight=0.).eval()
+    ea, base = twins_without_evolution('ea_aa_resnet20_cifar', 'aa_resnet20_cifar')
     assert ea.num_evolved == 4 and _count_params('ea_aa_resnet20_cifar') == 263_178 + 4 * (4 * 4 * 9 + 4)
     assert [b.conv1.evolve is not None for s in ea.stages[1:] for b in s] == [False, True, True] * 2
-    base = timm.create_model('aa_resnet20_cifar').eval()
-    load_without_evolution(base, ea)
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -162,9 +166,7 @@ def test_ea_deit_is_timm_deit_plus_eleven_evolution_convs(name, base, convs):
 
 def test_ea_deit_without_residual_and_conv_is_timm_deit():
     kwargs = dict(depth=3)
-    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
-    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
-    load_without_evolution(base, ea)
+    ea, base = twins_without_evolution('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', **kwargs)
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -179,9 +181,7 @@ def test_ea_deit_without_residual_and_conv_is_timm_deit():
 def test_ea_deit_takes_timm_vit_options_as_timm_deit_does(kwargs):
     # EA-DeiT builds on timm's VisionTransformer: its token and norm options must reach the evolved blocks unchanged
     kwargs = dict(depth=2, img_size=64, **kwargs)
-    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
-    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
-    load_without_evolution(base, ea)
+    ea, base = twins_without_evolution('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', **kwargs)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(ea(x), base(x), rtol=1e-4, atol=1e-5)
@@ -197,9 +197,7 @@ def test_ea_deit_intermediates_are_timm_deits_in_every_output_form(kwargs):
     must come back the same: tuples, prefix tokens, ``output_dict``'s keys, a model without class token."""
     kwargs = dict(kwargs)
     model_kwargs = dict(depth=2, img_size=64, **kwargs.pop('model', {}))
-    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **model_kwargs)
-    base = timm.create_model('deit_tiny_patch16_224', **model_kwargs).eval()
-    load_without_evolution(base, ea.eval())
+    ea, base = twins_without_evolution('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', **model_kwargs)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         got, expected = ea.forward_intermediates(x, **kwargs), base.forward_intermediates(x, **kwargs)
@@ -224,10 +222,8 @@ def test_ea_deit_refuses_attention_masks_naming_why():
 def test_ea_deit_with_dynamic_img_size_runs_at_other_sizes_like_timm_deit():
     """timm's ``dynamic_img_size=True`` resamples the position embedding per input; the evolution convolutions act on
     maps of any size, so the EA DeiT follows timm's DeiT to 160 and 96 px (14², 10², 6² patches)."""
-    kwargs = dict(depth=2, dynamic_img_size=True, evolve_residual=0., evolve_conv_weight=0.)
-    ea = timm.create_model('deit_ea_tiny_patch16_224', **kwargs).eval()
-    base = timm.create_model('deit_tiny_patch16_224', depth=2, dynamic_img_size=True).eval()
-    load_without_evolution(base, ea)
+    ea, base = twins_without_evolution('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', depth=2,
+                                       dynamic_img_size=True)
     with torch.no_grad():
         for size in (224, 160, 96):
             x = torch.randn(1, 3, size, size)
@@ -260,9 +256,7 @@ def test_ea_deit_with_dynamic_img_size_traces_with_fx_and_scripts_like_timm_deit
 def test_ea_deit_with_dynamic_img_pad_follows_timm_deit_at_any_size():
     # timm pads the image to whole patches; the maps follow the padded grid (7×6 patches for 100×90 images)
     kwargs = dict(depth=2, dynamic_img_size=True, dynamic_img_pad=True)
-    ea = timm.create_model('deit_ea_tiny_patch16_224', evolve_residual=0., evolve_conv_weight=0., **kwargs).eval()
-    base = timm.create_model('deit_tiny_patch16_224', **kwargs).eval()
-    load_without_evolution(base, ea)
+    ea, base = twins_without_evolution('deit_ea_tiny_patch16_224', 'deit_tiny_patch16_224', **kwargs)
     with torch.no_grad():
         for height, width in ((100, 90), (33, 17)):
             x = torch.randn(1, 3, height, width)
