@@ -12,7 +12,8 @@ cd "$(dirname "$0")/../.."  # the repo root, whose timm_attnconv the runs import
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 name=${1:?usage: launch.sh NAME [TRAIN ARGS...]; NAME: sa_learned_cifar, sa_quadratic_gen_cifar, ...}; shift
 runs=${RUNS:-/tmp/runs}; data=${DATA:-/tmp/c10}
-[ -f "$data/train.npz" ] || { echo "no CIFAR-10 in $data: carry the parts with training/gpu/receive.sh first" >&2; exit 1; }
+[ -f "$data/train.npz" ] ||
+  { echo "no CIFAR-10 in $data: carry the parts with training/gpu/receive.sh first" >&2; exit 1; }
 # the recipe of sa_quadratic_cifar.c10 (91.55% after 90 of 100 epochs on one H100)
 sa=(--epochs 100 --batch-size 256 --opt adamw --lr 1e-3 --weight-decay 0.05 --warmup-epochs 5 --smoothing 0.1
     --model-ema --model-ema-decay 0.9995 --clip-grad 1.0)

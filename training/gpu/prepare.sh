@@ -22,7 +22,8 @@ if [ "${1:-}" = --restore ]; then
   mv "$aside/weights" weights && echo "weights/ restored"; exit 0
 fi
 src=${CIFAR10_DIR:-${TIMM_ATTNCONV_CIFAR10:-../shared/data/cifar10}}
-[ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] || { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
+[ -f "$src/train.npz" ] && [ -f "$src/test.npz" ] ||
+  { echo "no train.npz/test.npz in $src: set CIFAR10_DIR" >&2; exit 1; }
 staged=(); runs=(); option=
 for arg in "$@"; do
   case $arg in
@@ -41,7 +42,8 @@ done
     exit 1; }
 for name in "${staged[@]}"; do
   [ -f "weights/$name/model.safetensors" ] ||
-    { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2; exit 1; }
+    { echo "no weights/$name/model.safetensors: name a staged folder (ls weights/), with weights/ in place" >&2
+      exit 1; }
   rm -rf ".gpu/init/weights/$name" && mkdir -p .gpu/init/weights && cp -r "weights/$name" .gpu/init/weights/
   echo "carrying the staged $name in .gpu/init/weights"
 done
@@ -82,7 +84,8 @@ for part in .gpu/tmp/cifar10.*; do
   d=.gpu/p${part##*.}; mkdir -p "$d"; mv "$part" "$d/"; cp .gpu/tmp/sums "$d/sums"; n=$((n + 1))
 done
 rm -r .gpu/tmp
-echo "working tree $((tree / 1048576)) MiB (weights/ set aside); $n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
+echo "working tree $((tree / 1048576)) MiB (weights/ set aside);" \
+     "$n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
 if [ -d .gpu/init ]; then  # prune.py's output, staged weights: with the last, smallest part if both fit in one call
   last=.gpu/p$(printf %02d $((n - 1)))
   init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))

@@ -13,7 +13,9 @@ for d in .gpu/p*; do [ -d "$d" ] && cp "$d"/cifar10.* "$d"/sums "$kept"/; done
 total=$(awk '{ s += $2 } END { print s }' "$kept/sums")
 have=$(cat "$kept"/cifar10.* | wc -c)
 if [ "$have" -lt "$total" ]; then
-  echo "$(ls "$kept"/cifar10.* | wc -l) parts here ($(ls "$kept" | grep -o '[0-9]*$' | tr '\n' ' ')), $((have / 1048576)) of $((total / 1048576)) MiB: carry the next part"
+  part_numbers=$(ls "$kept" | grep -o '[0-9]*$' | tr '\n' ' ')
+  echo "$(ls "$kept"/cifar10.* | wc -l) parts here ($part_numbers), $((have / 1048576)) of $((total / 1048576)) MiB:" \
+       "carry the next part"
   exit 0
 fi
 cat "$kept"/cifar10.* > "$dest/joined"
