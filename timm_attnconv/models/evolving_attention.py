@@ -96,9 +96,9 @@ class EASelfAttentionNet(SelfAttentionNet):
         if unexpected or missing:
             raise ValueError(f'cannot warm-start from {type(source).__name__}: it is not the base of this twin '
                              f'(keys only it has: {unexpected[:4]}; keys it lacks: {missing[:4]}). Start from the '
-                             f'same model without evolution (e.g. sa_learned_content_tiny_cifar for '
-                             f'ea_sa_learned_content_tiny_cifar) or its learned-positional start '
-                             f'(sa_learned_tiny_cifar)')
+                             'same model without evolution (e.g. sa_learned_content_tiny_cifar for '
+                             'ea_sa_learned_content_tiny_cifar) or its learned-positional start '
+                             '(sa_learned_tiny_cifar)')
         self.load_state_dict({**own, **given})  # strict: shapes are checked key by key
         return self
 
