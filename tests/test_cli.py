@@ -5,6 +5,7 @@ The table runs each tool's ``main`` in this process through :func:`timm_attnconv
 ``__main__`` block calls; two subprocesses check that a real terminal sees the same, and a third what the tools
 that train and evaluate set in their own process (:func:`timm_attnconv.cli.keep_freed_memory`).
 """
+import argparse
 import ast
 import importlib
 import json
@@ -37,6 +38,7 @@ USAGE, INPUT = 2, 1  # exit statuses: a bad argument, an input or run that canno
 BAD_ARGUMENTS = [
     ('', ['no_such_model'], USAGE, "unknown model 'no_such_model'"),
     ('', ['resnet50'], USAGE, 'resnet50: not a model of this package'),
+    ('', ['sa_quadratic_tiny_cifar.c99'], USAGE, 'sa_quadratic_tiny_cifar.c99: no such pretrained tag'),
     ('', ['--tabel'], USAGE, 'unrecognized arguments: --tabel'),
     ('benchmark', ['--sizes', '0'], USAGE, "argument --sizes: expected a whole number ≥ 1, got '0'"),
     ('benchmark', ['--iters', 'two'], USAGE, "argument --iters: expected a whole number ≥ 1, got 'two'"),
@@ -55,6 +57,8 @@ BAD_ARGUMENTS = [
     ('evaluate', TINY + ['--checkpoint', WEIGHTS, '--ema'], USAGE, '--ema needs a training checkpoint'),
     ('evaluate', TINY + ['--checkpoint', '{tmp}/missing.pth.tar'], USAGE, "missing.pth.tar': no such file"),
     ('evaluate', TINY + ['--checkpoint', '{tmp}/garbage.pth.tar'], INPUT, 'the file is truncated or corrupt'),
+    ('evaluate', TINY + ['--checkpoint', '{tmp}/timm_train.pth.tar'], INPUT,
+     "holds argparse.Namespace objects, which no training checkpoint of `python -m timm_attnconv.train` does"),
     ('evaluate', ['--model', 'aa_resnet20_cifar', '--checkpoint', '{tmp}/run/last.pth.tar'], INPUT,
      'is a checkpoint of sa_quadratic_tiny_cifar, not of aa_resnet20_cifar: pass --model sa_quadratic_tiny_cifar'),
     ('evaluate', TINY + ['--data-dir', '{tmp}'], INPUT, 'no CIFAR-10 test data in'),
@@ -125,6 +129,10 @@ BAD_ARGUMENTS = [
     ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{tmp}'], INPUT, 'no CIFAR-10 train data in'),
     ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{cifar10}', '--model-kwargs', '{"depht": 2}'], USAGE,
      'sa_quadratic_tiny_cifar does not take --model-kwargs {"depht": 2}'),
+    ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{cifar10}', '--model-kwargs', '{"num_classes": 100}'],
+     USAGE, '--model-kwargs {"num_classes": 100}: this command sets num_classes=10 itself; drop it from --model-kwargs'),
+    ('predict', [SAMPLE] + TINY + ['--num-classes', '5', '--model-kwargs', '{"num_classes": 3}'], USAGE,
+     '--model-kwargs {"num_classes": 3}: this command sets num_classes=5 itself'),
     ('transfer', ['pack'], USAGE, "argument command: invalid choice: 'pack'"),
     ('transfer', ['export', '{tmp}', '{tmp}/out', '--start', '-1'], USAGE, 'argument --start: expected a whole '
                                                                            'number ≥ 0'),
@@ -164,8 +172,9 @@ def _tools():
 @pytest.fixture(scope='module')
 def inputs(tmp_path_factory):
     """A folder of bad inputs: a corrupt checkpoint and weights file, weights without the config.json that names
-    their architecture, pruned weights (one head fewer in layer 2, as ``prune --out`` writes them) and a training
-    checkpoint of sa_quadratic_tiny_cifar in ``run/``."""
+    their architecture, pruned weights (one head fewer in layer 2, as ``prune --out`` writes them), a checkpoint of
+    timm's train.py (its options pickled beside the weights) and a training checkpoint of sa_quadratic_tiny_cifar in
+    ``run/``."""
     from safetensors.torch import save_file
     from timm_attnconv.runs import checkpoint_digest
     folder = tmp_path_factory.mktemp('inputs')
@@ -175,6 +184,8 @@ def inputs(tmp_path_factory):
     pruned = timm.create_model('sa_quadratic_tiny_cifar')
     heads = timm_attnconv.prune_degenerate_heads(pruned, heads={1: [0]})
     save_file(pruned.state_dict(), folder / 'pruned.safetensors', metadata={'num_heads': json.dumps(heads)})
+    torch.save(dict(epoch=1, arch='sa_quadratic_tiny_cifar', state_dict=pruned.state_dict(),
+                    args=argparse.Namespace(model='sa_quadratic_tiny_cifar')), folder / 'timm_train.pth.tar')
     (folder / 'run').mkdir()
     model = timm.create_model('sa_quadratic_tiny_cifar', num_classes=10)
     state = dict(config=dict(model='sa_quadratic_tiny_cifar', model_kwargs={}), epoch=1, step_in_epoch=0,

@@ -138,3 +138,9 @@ def test_image_folder_is_what_timm_datasets_read(tmp_path, synthetic_cifar10):
     assert np.array_equal(np.asarray(dataset[0][0]), images[first_cat].permute(1, 2, 0).numpy())  # lossless
     with pytest.raises(ValueError, match='unknown CIFAR-10 classes'):
         main([str(tmp_path), '--classes', 'kitten'])
+    one_class = tmp_path / 'frogs'  # a data folder without the classes asked for
+    one_class.mkdir()
+    for split in ('train', 'test'):
+        np.savez_compressed(one_class / f'{split}.npz', x=np.zeros((4, 32, 32, 3), np.uint8), y=np.full(4, 6))
+    with pytest.raises(ValueError, match='the test split of this CIFAR-10 folder .4 images. has no image of cat'):
+        main([str(tmp_path / 'out'), '--classes', 'cat', '--data-dir', str(one_class)])

@@ -123,12 +123,14 @@ def test_pruned_fine_tune_starts_from_the_staged_generalized_model_pruned_here(t
 @pytest.mark.parametrize('name,expected', [
     ('aa_wide_resnet28_10_cifar', {'--epochs': '30', '--opt': 'sgd', '--lr': '0.1', '--batch-size': '128'}),
     ('sa_learned_content_tiny_cifar', {'--epochs': '40', '--opt': 'adamw', '--lr': '2e-3', '--batch-size': '256'}),
+    ('sa_learned_tiny_cifar', {'--epochs': '40', '--opt': 'adamw', '--lr': '2e-3', '--batch-size': '256'}),
     ('ea_sa_learned_content_tiny_cifar', {'--epochs': '40', '--opt': 'adamw', '--lr': '2e-3', '--batch-size': '256'}),
     ('ea_sa_learned_content_cifar', {'--epochs': '100', '--opt': 'adamw', '--lr': '1e-3', '--batch-size': '256'}),
 ])
-def test_the_recipes_of_plans_f_g_and_h(tmp_path, name, expected):
-    # F: the ResNet recipe cut to the 30 epochs one session holds; G: a compact model and its EA twin on one recipe;
-    # H: the paper-size content model's EA twin on the SA recipe its base trained with (plan A's options follow it)
+def test_the_recipes_of_plans_f_g_h_and_i(tmp_path, name, expected):
+    # F: the ResNet recipe cut to the 30 epochs one session holds; G: a compact model and its EA twin on one recipe,
+    # I: the compact learned model on it; H: the paper-size content model's EA twin on the SA recipe its base trained
+    # with (plan A's options follow it)
     argv, option, _ = _launched(tmp_path, name)
     assert option['--model'] == name and {k: option[k] for k in expected} == expected
     assert '--model-ema' in argv and '--compile' in argv and option['--device'] == 'cuda'

@@ -33,6 +33,17 @@ def test_main_job_leads_with_the_paper_size_model_and_skips_the_table(capsys):
     assert len({line.index('accuracy:') for line in score_lines}) == 1, 'the score column is not aligned'
 
 
+def test_main_job_takes_an_architecture_or_one_of_its_tags(capsys):
+    tagged = [n for n in timm_attnconv.list_models(pretrained=True) if n.startswith('sa_quadratic_tiny_cifar.')]
+    assert len(tagged) > 1
+    main_job.main([tagged[-1]])
+    scored = [line.split()[0] for line in capsys.readouterr().out.splitlines() if 'accuracy:' in line]
+    assert scored == [tagged[-1]]
+    main_job.main(['sa_quadratic_tiny_cifar'])
+    scored = [line.split()[0] for line in capsys.readouterr().out.splitlines() if 'accuracy:' in line]
+    assert scored == tagged
+
+
 def test_main_job_classifies_the_samples_with_pretrained_models(capsys):
     name = timm_attnconv.list_models(pretrained=True)[0]
     predictions = main_job.classify_samples([name])[name]

@@ -229,6 +229,11 @@ def test_publish_checks_everything_up_to_the_upload_call(tmp_path, monkeypatch):
     plan, = publish.publish([folder])
     assert calls[0] == ('create', f'{HF_ORG}/{name}', dict(exist_ok=True, private=False))
     assert calls[1][1]['folder_path'] == folder and calls[1][1]['repo_id'] == f'{HF_ORG}/{name}'
+    # --private makes a repo that already exists private too: create_repo alone leaves it public
+    monkeypatch.setattr(HfApi, 'update_repo_settings', lambda self, repo_id, **kw: calls.append(('settings', kw)))
+    calls.clear()
+    publish.publish([folder], private=True)
+    assert [c[0] for c in calls] == ['create', 'settings', 'upload'] and calls[1][1] == dict(private=True)
 
     with pytest.raises(ValueError, match='sha256'):
         publish.publish([str(_tampered_copy(tmp_path, name, _flip_a_byte) / name)], dry_run=True)

@@ -63,6 +63,10 @@ def test_interrupted_run_resumes_exactly(tmp_path, whole):
     assert [e['epoch'] for e in log] == [1, 2] and 0 <= log[-1]['test_top1'] <= 100
     stopped = train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])
     assert stopped['stopped'] and stopped['epoch'] == 1 and stopped['step_in_epoch'] == 1
+    checkpoint = (tmp_path / 'last.pth.tar').read_bytes()
+    again = train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])  # the same command: no fifth step
+    assert again == dict(stopped=True, epoch=1, step_in_epoch=1)
+    assert (tmp_path / 'last.pth.tar').read_bytes() == checkpoint
     train_main(TINY + ['--output', str(tmp_path)])
     assert_same_run(whole, tmp_path)
     assert strict_log(tmp_path) == log

@@ -68,7 +68,7 @@ def test_the_ema_alone_takes_half_the_parts_and_joins_into_a_folder_stage_reads(
     assert count(both) == 2 * count(ema) and all('ema.safetensors.part' in f.name
                                                   for call in ema for f in call.iterdir() if '.part' in f.name)
     join(str(tmp_path / 'joined'), [str(c) for c in ema])
-    assert sorted(os.listdir(tmp_path / 'joined')) == ['config.json', 'ema.safetensors', 'log.jsonl']
+    assert sorted(os.listdir(tmp_path / 'joined')) == ['config.json', 'ema.safetensors', 'log.jsonl', 'manifest.json']
     joined, state = _read_run(str(tmp_path / 'joined')), read_checkpoint(str(run / 'last.pth.tar'))
     assert joined['model'] is None and all(torch.equal(joined['ema'][k.removeprefix('module.')], v)
                                            for k, v in state['ema'].items())
@@ -90,6 +90,12 @@ def test_damaged_or_mixed_parts_are_refused(run, tmp_path):
     with pytest.raises(ValueError, match='the manifests .* differ: the parts come from different checkpoints'):
         join(str(tmp_path / 'joined'), [str(c) for c in calls])
     assert not (tmp_path / 'joined').exists()
+    whole = export_calls(run, tmp_path / 'again')  # intact parts, but the run config lost on the way
+    for call in whole:
+        (call / 'config.json').unlink()
+    with pytest.raises(FileNotFoundError, match=r'no config\.json in .*: every export call writes one'):
+        join(str(tmp_path / 'joined'), [str(c) for c in whole])
+    assert not (tmp_path / 'joined').exists()
 
 
 def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, tmp_path, capsys):
@@ -98,7 +104,7 @@ def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, 
     assert 'every part is out' in capsys.readouterr().out
     transfer_main(['join', str(tmp_path / 'joined'), str(tmp_path / 'out' / 'run')])
     assert sorted(os.listdir(tmp_path / 'joined')) == [
-        'config.json', 'ema.safetensors', 'log.jsonl', 'model.safetensors']
+        'config.json', 'ema.safetensors', 'log.jsonl', 'manifest.json', 'model.safetensors']
     # --init-from a weights file (pruned weights start their fine-tune so); at lr 0 the step keeps them
     weights = str(tmp_path / 'joined' / 'model.safetensors')
     train_main(TINY + ['--output', str(tmp_path / 'tune'), '--init-from', weights, '--lr', '0', '--warmup-epochs',
@@ -107,6 +113,23 @@ def test_collect_and_join_commands_and_a_fine_tune_from_the_joined_weights(run, 
     assert tuned['config']['init_from'] == weights
     source = read_checkpoint(str(run / 'last.pth.tar'))['model']
     assert all(torch.equal(tuned['model'][k], v) for k, v in source.items())
+
+
+def test_weights_taken_mid_epoch_are_staged_as_taken_and_an_older_checkpoint_exports_its_log(tmp_path):
+    # a run stopped 1 step into its second epoch (3 steps an epoch): its weights come back as 1⅓ epochs, not 1
+    stopped = tmp_path / 'stopped'
+    train_main(TINY + ['--output', str(stopped), '--max-steps', '4'])
+    join(str(tmp_path / 'joined'), [str(c) for c in export_calls(stopped, tmp_path / 'weights')])
+    assert _read_run(str(tmp_path / 'joined'))['epochs_done'] == pytest.approx(1 + 1 / 3)
+    # a checkpoint from before checkpoints carried their log (and a digest): its log.jsonl goes with the weights
+    state = read_checkpoint(str(stopped / 'last.pth.tar'))
+    older = tmp_path / 'older'
+    older.mkdir()
+    torch.save({k: v for k, v in state.items() if k not in ('log', 'sha256')}, older / 'last.pth.tar')
+    (older / 'log.jsonl').write_text((stopped / 'log.jsonl').read_text())
+    with pytest.warns(UserWarning, match='before training checkpoints carried a sha256 digest'):
+        calls = export_calls(older, tmp_path / 'older_weights')
+    assert [json.loads(line) for line in (calls[0] / 'log.jsonl').read_text().splitlines()] == state['log']
 
 
 def test_a_checkpoint_exported_in_parts_resumes_exactly_where_it_was_joined(tmp_path):

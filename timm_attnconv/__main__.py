@@ -85,22 +85,29 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('models', nargs='*', type=cli.model_name,
-                        help='model names (default: every model with weights; with --table, every registered model)')
+                        help='model names, an architecture (all its weights) or one tag of it (arch.tag; default: '
+                             'every model with weights; with --table, every registered model)')
     parser.add_argument('--table', action='store_true',
-                        help='also count the FLOPs of the models and time a forward pass (all 25 models: about 8 '
-                             'minutes on 2 CPU cores)')
+                        help='also count the FLOPs of the models and time a forward pass (all 25 models: about a '
+                             'minute and a half on 2 CPU cores)')
     args = parser.parse_args(argv)
-    foreign = sorted(set(args.models) - set(timm_attnconv.list_models()))
+    archs = list(dict.fromkeys(name.split('.')[0] for name in args.models))
+    foreign = sorted(set(archs) - set(timm_attnconv.list_models()))
     if foreign:
         parser.error(f"{', '.join(foreign)}: not a model of this package; {cli.LIST_MODELS}")
-    pretrained = [n for n in timm_attnconv.list_models(pretrained=True)
-                  if not args.models or n.split('.')[0] in args.models]
+    with_weights = timm_attnconv.list_models(pretrained=True)
+    untagged = sorted(name for name in args.models if '.' in name and name not in with_weights)
+    if untagged:
+        parser.error(f"{', '.join(untagged)}: no such pretrained tag; "
+                     f'`python -c "import timm_attnconv; print(timm_attnconv.list_models(pretrained=True))"` lists '
+                     f'them')
+    pretrained = [n for n in with_weights if not args.models or n in args.models or n.split('.')[0] in args.models]
     if pretrained:
         classify_samples(pretrained)
     else:
         print(f"none of {', '.join(args.models)} has pretrained weights: no predictions")
     if args.table:
-        model_table(args.models or timm_attnconv.list_models())
+        model_table(archs or timm_attnconv.list_models())
     else:
         print('\nThe model table (parameters, GMACs, forward time of every registered model): '
               'python -m timm_attnconv --table')

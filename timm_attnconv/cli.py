@@ -197,8 +197,13 @@ def missing_device(name: str) -> Optional[str]:
 
 def create_model(name: str, option: str, option_kwargs: Dict[str, Any], **kwargs) -> nn.Module:
     """``timm.create_model(name, **kwargs, **option_kwargs)``; a keyword that the model does not take is refused
-    naming ``option``, the option that passed ``option_kwargs``."""
+    naming ``option``, the option that passed ``option_kwargs``, and so is one that the command sets itself."""
     import timm
+    both = {k: kwargs[k] for k in option_kwargs if k in kwargs}
+    if both:
+        raise UsageError(f"{option} {json.dumps(option_kwargs)}: this command sets "
+                         f"{', '.join(f'{k}={v!r}' for k, v in both.items())} itself; drop it from {option} (or set "
+                         f"it with the command's own option where it has one, such as --num-classes)")
     try:
         return timm.create_model(name, **kwargs, **option_kwargs)
     except TypeError as e:

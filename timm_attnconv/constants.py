@@ -3,7 +3,8 @@ register budget of the Triton kernel of evolving attention."""
 import torch
 
 __all__ = ['CIFAR10_CLASSES', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR100_MEAN', 'CIFAR100_STD', 'CHECKPOINT', 'LOG',
-           'RUN_CONFIG', 'WEIGHTS_FILE', 'WEIGHTS_FILES', 'CONFIG_FILE', 'AMP_DTYPES', 'EVOLUTION_KERNEL_ACCUMULATORS']
+           'RUN_CONFIG', 'MANIFEST', 'WEIGHTS_FILE', 'WEIGHTS_FILES', 'CONFIG_FILE', 'AMP_DTYPES',
+           'EVOLUTION_KERNEL_ACCUMULATORS']
 
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 # the Normalize of Cordonnier et al.'s training code (epfml/attention-cnn train.py), not the exact pixel std; the
@@ -18,6 +19,7 @@ CHECKPOINT = 'last.pth.tar'
 LOG = 'log.jsonl'
 RUN_CONFIG = 'config.json'  # the run config, beside weights exported without a checkpoint
 WEIGHTS_FILES = {'model': 'model.safetensors', 'ema': 'ema.safetensors'}
+MANIFEST = 'manifest.json'  # what transfer brought back: the parts' digests, and the checkpoint's epoch and step
 
 # a staged weights folder, in timm's Hub layout
 WEIGHTS_FILE = WEIGHTS_FILES['model']

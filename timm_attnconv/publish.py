@@ -1,6 +1,6 @@
 """Upload staged ``weights/<arch>.<tag>/`` folders to the Hugging Face Hub (needs a token and the network).
 
-    hf auth login            # or export HF_TOKEN=...
+    hf auth login            # or export HF_TOKEN=... (huggingface_hub < 0.34: huggingface-cli login)
     python -m timm_attnconv.publish weights/sa_quadratic_tiny_cifar.c10 [--dry-run]
 
 Before anything is sent, each folder is checked: the Hub-layout files are present, every file has the sha256
@@ -51,11 +51,14 @@ def publish(folders: Sequence[str], repo_id: Optional[str] = None, dry_run: bool
     if dry_run:
         return plans
     if get_token() is None:
-        raise RuntimeError('no Hugging Face token: run `hf auth login` or set HF_TOKEN (a token with write access '
-                           f'to {HF_ORG}), then run this again')
+        raise RuntimeError('no Hugging Face token: run `hf auth login` (`huggingface-cli login` before '
+                           f'huggingface_hub 0.34) or set HF_TOKEN (a token with write access to {HF_ORG}), then '
+                           f'run this again')
     api = HfApi(library_name='timm')
     for plan in plans:
         api.create_repo(plan['repo_id'], exist_ok=True, private=private)
+        if private:  # create_repo leaves a repo that exists as it is
+            api.update_repo_settings(plan['repo_id'], private=True)
         commit = api.upload_folder(repo_id=plan['repo_id'], folder_path=plan['folder'],
                                    commit_message=f"timm_attnconv weights, sha256 {plan['sha256'][:12]}")
         plan['commit'] = str(commit)
@@ -66,7 +69,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('folders', nargs='+', help='staged folders, e.g. weights/sa_quadratic_tiny_cifar.c10')
     parser.add_argument('--repo-id', default=None, help=f'target repo (default {HF_ORG}/<folder name>)')
-    parser.add_argument('--private', action='store_true')
+    parser.add_argument('--private', action='store_true', help='create the repos private, or make them so')
     parser.add_argument('--dry-run', action='store_true', help='check the folders and print the plan; upload nothing')
     args = parser.parse_args(argv)
     plans = publish(args.folders, args.repo_id, args.dry_run, args.private)

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import pickle
+import re
 import warnings
 from typing import IO, Any, Callable, Dict, List, Optional
 
@@ -17,8 +18,9 @@ import torch.nn as nn
 
 from .constants import CHECKPOINT, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, LOG
 
-__all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'cifar10_cfg_overlay',
-           'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch', 'load_training_checkpoint']
+__all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'steps_per_epoch',
+           'cifar10_cfg_overlay', 'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch',
+           'load_training_checkpoint']
 
 
 def _hash_into(h: Any, obj: Any) -> None:
@@ -84,6 +86,18 @@ def logged_epochs(state: Dict[str, Any], log_path: str) -> List[Dict[str, Any]]:
         return [entry for entry in map(json.loads, filter(str.strip, f)) if entry['epoch'] <= state['epoch']]
 
 
+def steps_per_epoch(state: Dict[str, Any]) -> int:
+    """The steps of one epoch of a checkpoint's run, as the checkpoint records them. Checkpoints from before that
+    record: finished epochs tell it; one stopped in its first epoch falls back to ``--train-limit`` or the 50,000
+    images of the full training split."""
+    if state.get('steps_per_epoch'):
+        return state['steps_per_epoch']
+    if state['epoch'] > 0:
+        return (state['global_step'] - state['step_in_epoch']) // state['epoch']
+    config = state['config']
+    return (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last batch
+
+
 def cifar10_cfg_overlay(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """The ``pretrained_cfg_overlay`` that makes any registered model the CIFAR-10 model a run trains: CIFAR-10's
     statistics (which the trainer and every tool normalise with), class count and names, whatever dataset the name's
@@ -111,6 +125,14 @@ def read_checkpoint(path: str, data: Optional[bytes] = None) -> Dict[str, Any]:
     try:
         state = torch.load(path if data is None else io.BytesIO(data), map_location='cpu', weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        # weights_only refuses any class but tensors and plain containers; timm's train.py saves its argparse options
+        foreign = re.search(r'Unsupported global: GLOBAL ([\w.]+)', str(e))
+        if foreign:
+            raise ValueError(
+                f'{path!r} holds {foreign.group(1)} objects, which no training checkpoint of `python -m '
+                f'timm_attnconv.train` does (timm\'s train.py saves its options so): the tools read other weights as '
+                f".safetensors files. If you trust the file, save its 'state_dict' (or 'state_dict_ema') with "
+                f'safetensors.torch.save_file and pass that') from e
         raise ValueError(f'cannot read {path!r} as a training checkpoint ({type(e).__name__}: {e}): the file is '
                          f'truncated or corrupt. Restore it from a copy, or start over with another --output') from e
     if not isinstance(state, dict) or 'config' not in state:

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import cli
-from .constants import CHECKPOINT, CIFAR10_CLASSES, CONFIG_FILE, LOG, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
+from .constants import CHECKPOINT, CIFAR10_CLASSES, CONFIG_FILE, LOG, MANIFEST, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
 from .pretrained import SHA256_RECORD, record_folder, sha256_file
 
 __all__ = ['stage', 'refresh_config', 'training_command', 'plot_training_curves', 'main']
@@ -304,32 +304,21 @@ def _storage_note(storage: Dict[str, Any]) -> str:
     return '\n'.join(lines)
 
 
-def _steps_per_epoch(state: Dict[str, Any]) -> int:
-    """The steps of one epoch of a checkpoint's run, as the checkpoint records them. Checkpoints from before that
-    record: finished epochs tell it; one stopped in its first epoch falls back to ``--train-limit`` or the 50,000
-    images of the full training split."""
-    if state.get('steps_per_epoch'):
-        return state['steps_per_epoch']
-    if state['epoch'] > 0:
-        return (state['global_step'] - state['step_in_epoch']) // state['epoch']
-    config = state['config']
-    return (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last batch
-
-
 def _read_run(run_dir: str) -> Dict[str, Any]:
     """A run folder as ``{'config', 'model', 'ema', 'epochs_done', 'resumable', 'log'}``: from its training
-    checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept."""
+    checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept (weights
+    brought back by ``transfer``, whose manifest says how far into an epoch they were taken)."""
     from safetensors.torch import load_file
-    from .runs import read_checkpoint
+    from .runs import logged_epochs, read_checkpoint, steps_per_epoch
 
-    log = read_log(os.path.join(run_dir, LOG)) if os.path.isfile(os.path.join(run_dir, LOG)) else []
+    log_path = os.path.join(run_dir, LOG)
     ckpt = os.path.join(run_dir, CHECKPOINT)
     if os.path.isfile(ckpt):
         state = read_checkpoint(ckpt)  # digest-checked
-        config = state['config']
-        steps_per_epoch = _steps_per_epoch(state)
-        return dict(config=config, model=state.get('model'), ema=state.get('ema'), resumable=True, log=log,
-                    epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch))
+        return dict(config=state['config'], model=state.get('model'), ema=state.get('ema'), resumable=True,
+                    log=logged_epochs(state, log_path),
+                    epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch(state)))
+    log = read_log(log_path) if os.path.isfile(log_path) else []
     weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_FILES.items()
                if os.path.isfile(os.path.join(run_dir, name))}
     config_path = os.path.join(run_dir, RUN_CONFIG)
@@ -342,11 +331,17 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
         raise FileNotFoundError(f'{run_dir!r} has weights but no {LOG}: its log says how many epochs they trained')
     with open(config_path) as f:
         config = json.load(f)
-    missing = [k for k in ('model', 'model_kwargs', 'epochs', 'batch_size') if k not in config]
+    missing = [k for k in ('model', 'model_kwargs', 'epochs', 'batch_size', 'model_ema', 'lr') if k not in config]
     if missing:
         raise ValueError(f"{config_path!r} lacks {', '.join(missing)}: it is not a run config of "
                          f'python -m timm_attnconv.train')
-    return dict(config=config, resumable=False, log=log, epochs_done=log[-1]['epoch'],
+    epochs_done = log[-1]['epoch']
+    if os.path.isfile(os.path.join(run_dir, MANIFEST)):  # the checkpoint the weights came from, maybe mid-epoch
+        with open(os.path.join(run_dir, MANIFEST)) as f:
+            taken = json.load(f)
+        if taken.get('step_in_epoch'):
+            epochs_done = taken['epoch'] + taken['step_in_epoch'] / taken['steps_per_epoch']
+    return dict(config=config, resumable=False, log=log, epochs_done=epochs_done,
                 **{key: load_file(weights[key]) if key in weights else None for key in WEIGHTS_FILES})
 
 
@@ -468,7 +463,8 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
             command=command, init_from=config.get('init_from'), init_command=init_command, storage=storage,
             resumable=run['resumable'],
             note='finished run' if finished else (
-                'training in progress' if run['resumable'] else
+                f"a snapshot of a run in progress, after {run['epochs_done']:.4g} of {config['epochs']} epochs"
+                if run['resumable'] else
                 f"stopped after {run['epochs_done']:.4g} of {config['epochs']} epochs; not resumable"),
             schedule=_schedule_note(config, log, run['epochs_done']),
             beside=[_beside_row(folder, command) for folder in beside_folders],

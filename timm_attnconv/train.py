@@ -392,8 +392,13 @@ def _train(config: TrainConfig, device: torch.device, rank: int, world: int) -> 
     if config.compile:
         forward = torch.compile(forward)
 
-    stop = _StopFlag()
     result: Dict[str, Any] = dict(stopped=False, epoch=run.epoch)
+    if config.max_steps and run.global_step >= config.max_steps:  # the same command again: no step past the limit
+        if rank == 0:
+            print(f'{run.global_step} steps already done, --max-steps {config.max_steps}: nothing to train; raise '
+                  f'--max-steps or drop it to go on')
+        return dict(result, stopped=True, step_in_epoch=run.step_in_epoch)
+    stop = _StopFlag()
     try:
         while run.epoch < config.epochs:
             run.model.train()

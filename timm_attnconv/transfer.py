@@ -9,12 +9,13 @@ own keys (``model.safetensors``, ``ema.safetensors``), cut into parts of at most
 ...). ``--checkpoint`` writes the checkpoint file itself instead (``last.pth.tar``: weights, EMA, optimizer,
 scheduler and random states), for a run that a later session resumes (``training/gpu/README.md``). One call returns
 at most 8 files and 64 MiB, so each call writes the parts that fit beside three small files: ``manifest.json`` (size
-and sha256 of each file and of each of its parts), ``config.json`` (the run config as the checkpoint records it) and
-``log.jsonl``. It prints the ``--start`` of the next call until every part is out.
+and sha256 of each file and of each of its parts; the checkpoint's epoch and step), ``config.json`` (the run config
+as the checkpoint records it) and ``log.jsonl``. It prints the ``--start`` of the next call until every part is out.
 
 ``join`` concatenates the parts found in the given folders (one per call), checks every sha256 against the manifest,
 and writes ``model.safetensors`` / ``ema.safetensors`` (or ``last.pth.tar``) byte for byte as exported, beside
-``config.json`` and ``log.jsonl``: the folder ``python -m timm_attnconv.stage`` stages.
+``config.json``, ``log.jsonl`` and the manifest: the folder ``python -m timm_attnconv.stage`` stages (a card says
+after how many epochs the weights were taken, mid-epoch too).
 """
 import hashlib
 import json
@@ -22,12 +23,11 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import cli
-from .constants import CHECKPOINT, LOG, RUN_CONFIG, WEIGHTS_FILES
-from .runs import atomic_write, read_checkpoint
+from .constants import CHECKPOINT, LOG, MANIFEST, RUN_CONFIG, WEIGHTS_FILES
+from .runs import atomic_write, logged_epochs, read_checkpoint, steps_per_epoch
 
 __all__ = ['export', 'join', 'main']
 
-MANIFEST = 'manifest.json'
 MiB = 1 << 20
 PART_BYTES = 15 * MiB
 # what one call of the device tool brings back
@@ -77,11 +77,13 @@ def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BY
     if not 0 <= start < len(parts):
         raise ValueError(f'--start {start} is past the last part: {run_dir!r} exports {len(parts)} parts, 0 to '
                          f'{len(parts) - 1}')
-    manifest = dict(epoch=state['epoch'], step_in_epoch=state['step_in_epoch'], files={
-        name: dict(size=len(data), sha256=_sha256(data),
-                   parts=[_sha256(part) for n, _, part in parts if n == name]) for name, data in files.items()})
+    records = {name: dict(size=len(data), sha256=_sha256(data),
+                          parts=[_sha256(part) for n, _, part in parts if n == name]) for name, data in files.items()}
+    manifest = dict(epoch=state['epoch'], step_in_epoch=state['step_in_epoch'], steps_per_epoch=steps_per_epoch(state),
+                    files=records)
     small = {MANIFEST: json.dumps(manifest, indent=1), RUN_CONFIG: json.dumps(state['config'], indent=1),
-             LOG: ''.join(json.dumps(entry, allow_nan=False) + '\n' for entry in state['log'])}
+             LOG: ''.join(json.dumps(entry, allow_nan=False) + '\n'
+                          for entry in logged_epochs(state, os.path.join(run_dir, LOG)))}
     os.makedirs(out_dir, exist_ok=True)
     files_left, bytes_left = max_files - len(small), max_bytes - sum(len(text.encode()) for text in small.values())
     written = []
@@ -97,9 +99,8 @@ def export(run_dir: str, out_dir: str, start: int = 0, part_bytes: int = PART_BY
         written.append(_part_name(name, i))
         files_left, bytes_left, index = files_left - 1, bytes_left - len(data), index + 1
     if index == start:
-        raise ValueError(f'no part of {part_bytes} bytes fits this call beside the small files ({max_files} files, '
-                         f'{max_bytes} bytes left to it): collect in a call that returns nothing else, or lower the '
-                         f'part size')
+        raise ValueError(f'no part of {part_bytes} bytes fits this call beside the small files (--max-files '
+                         f'{max_files}, --max-bytes {max_bytes}): collect in a call that returns nothing else')
     return dict(parts=len(parts), written=written, next=index if index < len(parts) else None)
 
 
@@ -143,13 +144,17 @@ def join(run_dir: str, sources: Sequence[str]) -> Dict[str, str]:
     if CHECKPOINT not in joined and os.path.isfile(os.path.join(run_dir, CHECKPOINT)):
         raise ValueError(f'{run_dir!r} holds a training checkpoint ({CHECKPOINT}, an earlier session\'s?), which '
                          f'stage would read instead of these weights: join them into another folder')
-    os.makedirs(run_dir, exist_ok=True)
     for name, data in joined.items():
         if _sha256(data) != manifest['files'][name]['sha256'] or len(data) != manifest['files'][name]['size']:
             raise ValueError(f'the joined {name} does not match the sha256 in {MANIFEST}; export it again')
-    for name in (RUN_CONFIG, LOG):
-        with open(_find(name, sources)[0], 'rb') as f:
+    for name in (RUN_CONFIG, LOG, MANIFEST):  # the manifest tells stage the epoch and step the weights were taken at
+        found = _find(name, sources)
+        if not found:
+            raise FileNotFoundError(f'no {name} in {list(sources)}: every export call writes one beside its parts; '
+                                    f'pass the folders as the calls wrote them')
+        with open(found[0], 'rb') as f:
             joined[name] = f.read()
+    os.makedirs(run_dir, exist_ok=True)
     for name, data in joined.items():
         atomic_write(os.path.join(run_dir, name), lambda f: f.write(data))
     return {name: record['sha256'] for name, record in manifest['files'].items()}
