@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from timm_attnconv import attention_maps, prune_degenerate_heads
-from timm_attnconv.analysis import conv_likeness, degenerate_heads, head_degeneracy, heads_to_prune
+from timm_attnconv.analysis import conv_likeness, degenerate_heads, head_degeneracy, heads_to_prune, square_grid
 from timm_attnconv.theory import conv_to_attention
 
 FAMILIES = [('sa_quadratic_tiny_cifar', {}, 32, 6), ('sa_learned_content_tiny_cifar', {}, 32, 6),
@@ -129,11 +129,19 @@ def test_prune_report_counts_what_went(tmp_path):
     # one head: its centre (2), spread matrix (4) and value map (16 x 16 columns of proj_heads)
     assert report['before']['params'] - report['after']['params'] == 2 + 4 + 16 * 16
     assert report['after']['macs'] < report['before']['macs']
-    out = main(['--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--out', str(tmp_path / 'p.st')])
+    out = main(['--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--out', str(tmp_path / 'p.safetensors')])
     assert out['num_heads'] == [9] * 6 and out['after'] == out['before']  # the shipped heads are all healthy
     from safetensors.torch import load_file
     timm.create_model('sa_quadratic_tiny_cifar', num_heads=tuple(out['num_heads'])).load_state_dict(
-        load_file(tmp_path / 'p.st'))
+        load_file(tmp_path / 'p.safetensors'))
     out = main(['--model', 'sa_quadratic_tiny_cifar', '--pretrained', '--num-heads', '9,8,9,9,9,7'])
     assert out['num_heads'] == [9, 8, 9, 9, 9, 7] and [len(out['pruned'][i]) for i in range(6)] == [0, 1, 0, 0, 0, 2]
     assert out['degenerate'] == {i: [] for i in range(6)} and out['before']['params'] > out['after']['params']
+
+
+def test_maps_are_read_on_a_square_grid_after_the_models_prefix_tokens():
+    vit = nn.Module()
+    vit.num_prefix_tokens = 1  # a class token, as timm's ViTs say
+    assert square_grid(nn.Identity(), 256) == (0, 16) and square_grid(vit, 197) == (1, 14)
+    with pytest.raises(ValueError, match='over 140 grid tokens .after 0 prefix tokens., not a square grid'):
+        square_grid(nn.Identity(), 140)  # a 14 × 10 input: not misread as 19 prefix tokens and an 11 × 11 grid

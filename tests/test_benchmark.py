@@ -264,7 +264,8 @@ def test_training_steps_through_each_evolution_layout_on_cpu(capsys):
     assert rows[0]['speed'] == 1.0 and rows[1]['img_s'] > 0 and rows[1]['speed_min'] <= rows[1]['speed_max']
     out = capsys.readouterr().out
     line, = [line for line in out.splitlines() if ' nchw ' in line]
-    assert RATIO.search(line) and "speed: channels_last step time / this evolution conv's step time." in out
+    assert RATIO.search(line) and ("speed: the step time of channels_last (where it cannot run, the next evolution "
+                                   "conv that can) / this evolution conv's step time.") in out
 
 
 def test_a_kernel_that_cannot_run_is_listed_with_its_reason(monkeypatch, capsys):

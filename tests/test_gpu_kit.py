@@ -36,6 +36,7 @@ def test_launch_status_collect_and_join(tmp_path, synthetic_cifar10):
     assert started.startswith('started sa_learned_cifar (pid ')
     status = kit('status.sh', '300', env=env)  # returns once the run is done
     assert '== sa_learned_cifar: not running' in status and 'epoch=1 ' in status and 'ema_test_top1=' in status
+    assert kit('status.sh', 'sa_learned_cifar', env=env).count('== ') == 1  # a NAME alone: that run, no wait
     # files the call already returns count against its 8: 5 others leave room for the 3 small files and no part
     first_call, second_call = tmp_path / 'out', tmp_path / 'out2'
     first_call.mkdir()

@@ -50,6 +50,16 @@ def test_whole_network_conversion_keeps_the_predictions():
     assert torch.equal(before.argmax(-1), after.argmax(-1)) and (before - after).abs().max() <= 1e-4
 
 
+def test_a_convolution_theorem_1_does_not_cover_is_left_and_one_that_fails_leaves_the_model_whole():
+    # padding='same' with an even kernel pads one side more: not the symmetric zero padding Theorem 1 is built for
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 2, padding='same'))
+    assert convert_convs(model) == 1 and type(model[1]) is nn.Conv2d
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 2, padding='same'))
+    with pytest.raises(ValueError, match="pads asymmetrically"):
+        convert_convs(model, lambda name, conv: True)
+    assert all(type(m) is nn.Conv2d for m in model)
+
+
 def test_a_trained_cnn_keeps_its_predictions_on_the_bundled_test_images():
     # the shipped 2-epoch ResNet-20 on the 20 CIFAR-10 test images of the package: runs without the full test set
     images, labels, _ = load_samples()

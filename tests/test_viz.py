@@ -43,7 +43,7 @@ def test_cli_and_refusals(tmp_path):
 
 @pytest.mark.usefixtures('synthetic_cifar10_as_default')  # the data test_train.TINY trains on
 def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
-    from timm_attnconv.runs import load_training_checkpoint, save_checkpoint
+    from timm_attnconv.runs import load_training_checkpoint, load_weights, read_checkpoint, save_checkpoint
     from timm_attnconv.train import main as train_main
     from timm_attnconv.viz import _training_snapshots
     from .test_train import TINY
@@ -62,6 +62,10 @@ def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
                  '--out', str(tmp_path / 'grid.png')]) == 2 * 2  # two rows of two layers
     with pytest.raises(ValueError, match='needs at least one checkpoint'):
         _training_snapshots(['init'])
+    # --ema draws the run's EMA weights (TINY keeps them), not its weights
+    (ema,), titles = _training_snapshots([ckpt], ema=True)
+    expected = load_weights(read_checkpoint(ckpt), 'ema').state_dict()
+    assert titles == ['epoch 0 + 1 steps, EMA'] and all(torch.equal(v, expected[k]) for k, v in ema.state_dict().items())
     # a checkpoint of the same run written by an earlier trainer (fewer keys in its config) shares the start; one
     # with another seed does not
     state = torch.load(ckpt, weights_only=True)

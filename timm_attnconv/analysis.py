@@ -20,7 +20,7 @@ import torch.nn as nn
 from .layers import PositionalSelfAttention, QuadraticScores, attention_layers, explicit_attention
 
 __all__ = ['attention_maps', 'has_attention', 'conv_likeness', 'conv_likeness_table', 'degenerate_heads',
-           'head_degeneracy', 'heads_to_prune', 'prune_degenerate_heads', 'prune_report']
+           'head_degeneracy', 'heads_to_prune', 'prune_degenerate_heads', 'prune_report', 'square_grid']
 
 
 def has_attention(model: nn.Module) -> bool:
@@ -83,6 +83,17 @@ def conv_likeness(probs: torch.Tensor, grid: Tuple[int, int]) -> List[Dict[str, 
             for h, (r, c) in enumerate(offsets)]
 
 
+def square_grid(model: nn.Module, tokens: int) -> Tuple[int, int]:
+    """``(prefix, side)`` of an attention map over ``tokens`` keys: the model's prefix tokens (a ViT's class token),
+    then a ``side × side`` grid of patches or pixels. Other grids are refused, not misread."""
+    prefix = getattr(model, 'num_prefix_tokens', 0)
+    side = math.isqrt(tokens - prefix)
+    if side * side != tokens - prefix:
+        raise ValueError(f'the attention runs over {tokens - prefix} grid tokens (after {prefix} prefix tokens), not a '
+                         f'square grid: these tables and figures take square inputs')
+    return prefix, side
+
+
 def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
     """Markdown table, one row per attention layer, one column per head: ``offset mass`` from :func:`conv_likeness`
     on the batch ``x`` (layers on a square token grid; a class token is left out)."""
@@ -90,8 +101,7 @@ def conv_likeness_table(model: nn.Module, x: torch.Tensor) -> str:
     maps = attention_maps(model, x)
     heads = max(p.shape[1] for p in maps.values())
     for name, probs in maps.items():
-        side = math.isqrt(probs.shape[-1])
-        prefix = probs.shape[-1] - side * side
+        prefix, side = square_grid(model, probs.shape[-1])
         report = conv_likeness(probs[..., prefix:, prefix:], (side, side))
         cells = [f"({r['offset'][0]:+d},{r['offset'][1]:+d}) {r['mass']:.2f}" for r in report]
         rows.append(f"| {name} | " + ' | '.join(cells + [''] * (heads - len(cells))) + ' |')

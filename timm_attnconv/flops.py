@@ -130,9 +130,7 @@ def model_report(name: str, img_size: Optional[int] = None, reparameterize: bool
     Linear layers and the stem (their counter did not see the attention einsums); for Bello et al. and Wang et al.,
     2 × all MACs.
     """
-    import timm
-
-    model = timm.create_model(name, **kwargs).eval()
+    model = cli.create_model(name, '--model-kwargs', kwargs).eval()
     in_chans, height, width = model.pretrained_cfg['input_size']
     if img_size is not None:
         height = width = img_size
@@ -174,12 +172,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('models', nargs='*', type=cli.model_name, help='model names (default: all registered)')
     parser.add_argument('--img-size', type=cli.positive_int, default=None,
                         help='square input size (default: each cfg\'s)')
+    parser.add_argument('--model-kwargs', type=cli.json_object, default={},
+                        help='JSON dict for timm.create_model of every model, e.g. \'{"dynamic_img_size": true}\' '
+                             'for an EA DeiT at another --img-size')
     parser.add_argument('--reparameterize', action='store_true',
                         help='params and GMACs of the inference form (timm.utils.reparameterize_model: folded '
                              'projections, content keys folded into the queries)')
     args = parser.parse_args(argv)
     names = args.models or list_models()
-    print(_format_table([model_report(n, args.img_size, args.reparameterize) for n in names]))
+    print(_format_table([model_report(n, args.img_size, args.reparameterize, **args.model_kwargs) for n in names]))
 
 
 if __name__ == '__main__':

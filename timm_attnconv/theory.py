@@ -118,13 +118,16 @@ def convert_convs(model: nn.Module, predicate: Optional[Callable[[str, nn.Conv2d
     with k > 1 that Theorem 1 covers) by its :class:`ConvAsAttention`, in place. Returns how many were converted."""
     if predicate is None:
         def predicate(name: str, conv: nn.Conv2d) -> bool:
-            return conv.groups == 1 and conv.padding_mode == 'zeros' and max(conv.kernel_size) > 1
-    targets = [(name, m) for name, m in model.named_modules()
-               if type(m) is nn.Conv2d and predicate(name, m)]
-    for name, conv in targets:
+            symmetric = conv.padding != 'same' or all(d * (k - 1) % 2 == 0
+                                                      for d, k in zip(conv.dilation, conv.kernel_size))
+            return conv.groups == 1 and conv.padding_mode == 'zeros' and max(conv.kernel_size) > 1 and symmetric
+    # every conversion first, then the swaps: a convolution that cannot be converted leaves the model as it was
+    converted = [(name, conv_to_attention(m, alpha)) for name, m in model.named_modules()
+                 if type(m) is nn.Conv2d and predicate(name, m)]
+    for name, attention in converted:
         parent_name, _, child = name.rpartition('.')
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, conv_to_attention(conv, alpha))
-    return len(targets)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, attention)
+    return len(converted)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict:

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from . import cli
-from .analysis import attention_maps
+from .analysis import attention_maps, square_grid
 from .layers import PositionalSelfAttention, QuadraticScores
 
 __all__ = ['plot_centers', 'plot_attention', 'main']
@@ -88,11 +88,10 @@ def plot_centers(models: Sequence[nn.Module], path: str, titles: Optional[Sequen
     return sum(len(r) for r in rows)
 
 
-def _spatial(probs: torch.Tensor, query_fraction: Tuple[float, float]) -> Tuple[torch.Tensor, Tuple[int, int]]:
+def _spatial(probs: torch.Tensor, query_fraction: Tuple[float, float],
+             model: nn.Module) -> Tuple[torch.Tensor, Tuple[int, int]]:
     """(heads, h, w) attention of the query token nearest to ``query_fraction`` of the image, prefix tokens dropped."""
-    tokens = probs.shape[-1]
-    side = math.isqrt(tokens)
-    prefix = tokens - side * side  # a class token (ViT) is not on the grid
+    prefix, side = square_grid(model, probs.shape[-1])  # a class token (ViT) is not on the grid
     grid = probs[..., prefix:, prefix:]
     qi = min(int(query_fraction[0] * side), side - 1)
     qj = min(int(query_fraction[1] * side), side - 1)
@@ -115,7 +114,7 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
     shown = (shown - shown.min()) / (shown.max() - shown.min() + 1e-12)
     panels = 0
     for r, (name, probs) in enumerate(maps.items()):
-        per_head, (qi, qj) = _spatial(probs.mean(0), fraction)
+        per_head, (qi, qj) = _spatial(probs.mean(0), fraction, model)
         axes[r][0].imshow(shown.numpy())
         axes[r][0].plot(query[1], query[0], 'r+', ms=8)
         axes[r][0].set_title(name, fontsize=6)
@@ -138,9 +137,11 @@ def plot_attention(model: nn.Module, images: torch.Tensor, query: Tuple[int, int
     return panels
 
 
-def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) -> Tuple[List[nn.Module], List[str]]:
-    """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints; ``'init'`` rebuilds the run's start.
-    ``model_name``: the architecture the caller expects; a checkpoint of another one is refused."""
+def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None,
+                        ema: bool = False) -> Tuple[List[nn.Module], List[str]]:
+    """Models and row titles (``epoch 7 + 47 steps``) of training checkpoints, their EMA weights with ``ema``;
+    ``'init'`` rebuilds the run's start. ``model_name``: the architecture the caller expects; a checkpoint of another
+    one is refused."""
     from .runs import architecture_mismatch, load_weights, read_checkpoint
     from .train_config import START_KEYS, initial_model
     states = {p: read_checkpoint(p) for p in paths if p != 'init'}
@@ -161,9 +162,9 @@ def _training_snapshots(paths: Sequence[str], model_name: Optional[str] = None) 
             titles.append('initialisation')
             continue
         state = states[path]
-        models.append(load_weights(state))
+        models.append(load_weights(state, 'ema' if ema else 'model'))
         steps = state['step_in_epoch']
-        titles.append(f"epoch {state['epoch']}" + (f' + {steps} steps' if steps else ''))
+        titles.append(f"epoch {state['epoch']}" + (f' + {steps} steps' if steps else '') + (', EMA' if ema else ''))
     return models, titles
 
 
@@ -204,10 +205,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     if args.checkpoints is not None:
-        if args.figure != 'centers' or args.pretrained or args.checkpoint:
-            raise cli.UsageError('--checkpoints draws the centers of a run\'s checkpoints: use it with the centers '
-                                 'figure and without --pretrained / --checkpoint')
-        models, titles = _training_snapshots(args.checkpoints, args.model)
+        if args.figure != 'centers' or args.pretrained or args.checkpoint or args.model_kwargs:
+            raise cli.UsageError('--checkpoints draws the centers of a run\'s checkpoints, which record their model: '
+                                 'use it with the centers figure and without --pretrained / --checkpoint / '
+                                 '--model-kwargs')
+        models, titles = _training_snapshots(args.checkpoints, args.model, ema=args.ema)
         return plot_centers(models, args.out, titles=titles)
     model = cli.load_model(args).eval()
     if args.figure == 'centers':

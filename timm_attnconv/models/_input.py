@@ -37,5 +37,5 @@ def check_image_batch(x: torch.Tensor, in_chans: int, multiple: int = 1,
 
 
 # a leaf for every torch.fx tracer, whichever module holds the root: the wrapped name is this module's global, so
-# the families call it as ``_input.check_image_batch``
+# the families call it as ``_input.check_image_batch`` (evolving_attention.py imports the name and wraps it there)
 torch.fx.wrap('check_image_batch')

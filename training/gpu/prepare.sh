@@ -85,7 +85,7 @@ for part in .gpu/tmp/cifar10.*; do
 done
 rm -r .gpu/tmp
 echo "working tree $((tree / 1048576)) MiB (weights/ set aside);" \
-     "$n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p0$((n - 1))"
+     "$n parts of at most $((part_bytes / 1048576)) MiB: .gpu/p00 .. .gpu/p$(printf %02d $((n - 1)))"
 if [ -d .gpu/init ]; then  # prune.py's output, staged weights: with the last, smallest part if both fit in one call
   last=.gpu/p$(printf %02d $((n - 1)))
   init=$(du -sb .gpu/init | cut -f1); together=$(( ${tree:-0} + init + $(du -sb "$last" | cut -f1) ))

@@ -4,7 +4,7 @@
 # last log lines. A wait keeps the machine busy, so it is not given back while runs train between calls.
 # Usage: training/gpu/status.sh [SECONDS] [NAME...]
 set -uo pipefail
-wait=${1:-0}; shift || true
+wait=0; if [[ ${1:-} =~ ^[0-9]+$ ]]; then wait=$1; shift; fi  # a NAME alone waits for nothing
 runs=${RUNS:-/tmp/runs}
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=($(ls "$runs" 2>/dev/null))
 checks=${CHECKS:-/tmp/cuda-checks.txt}
