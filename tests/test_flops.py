@@ -71,9 +71,10 @@ def test_cli_prints_a_table(capsys):
 def test_count_macs_leaves_fvcores_logger_as_it_was():
     import logging
     logger = logging.getLogger('fvcore')
+    before = logger.level
     logger.setLevel(logging.INFO)
     try:
         count_macs(timm.create_model('sa_quadratic_tiny_cifar', depth=1).eval(), torch.randn(1, 3, 8, 8))
         assert logger.level == logging.INFO
     finally:
-        logger.setLevel(logging.NOTSET)
+        logger.setLevel(before)

@@ -71,6 +71,14 @@ def test_default_cfg_consistent(name):
 
 
 @pytest.mark.parametrize('name', MODELS)
+def test_builds_on_the_meta_device(name):
+    # as timm and accelerate build large models before loading weights: no tensor is read while building
+    with torch.device('meta'):
+        model = timm.create_model(name, **small_kwargs(name))
+    assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize('name', MODELS)
 def test_forward_backward_and_grad_checkpointing(name):
     model, x = _small(name, num_classes=42)
     out = model.train()(x)

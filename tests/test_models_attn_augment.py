@@ -148,3 +148,34 @@ def test_attn_kernel_is_a_model_option(name):
     assert layers and all(layer.attn_kernel == 'sdpa' for layer in layers)
     with pytest.raises(ValueError, match='attn_kernel must be one of'):
         timm.create_model(name, attn_kernel='fast', **small_kwargs(name))
+
+
+@pytest.mark.parametrize('name', ['aa_resnet20_cifar', 'aa_wide_resnet28_10_cifar', 'ea_aa_resnet20_cifar'])
+def test_cifar_resnets_take_timms_drop_path_and_reset_their_head_in_place(name):
+    # timm's train.py --drop-path; stochastic depth rises over the blocks to the rate given, the first block keeps all
+    model = timm.create_model(name, drop_path_rate=0.2, **small_kwargs(name))
+    rates = [block.drop_path.drop_prob if hasattr(block.drop_path, 'drop_prob') else 0.
+             for stage in model.stages for block in stage]
+    assert rates[0] == 0. and rates[-1] == pytest.approx(0.2) and rates == sorted(rates)
+    plain = timm.create_model(name, **small_kwargs(name))
+    assert plain.state_dict().keys() == model.state_dict().keys()  # stochastic depth adds no weights
+    x = torch.randn(2, 3, 32, 32)
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), plain.eval()(x))  # nothing is dropped at inference
+        # a new head in the model's dtype, the pooling kept unless given
+        model = model.to(torch.bfloat16)
+        model.reset_classifier(5)
+        assert model(x.bfloat16()).shape == (2, 5) and model.fc.weight.dtype == torch.bfloat16
+        unpooled = timm.create_model(name, num_classes=0, global_pool='', **small_kwargs(name)).eval()
+        unpooled.reset_classifier(0)
+        assert unpooled(x).dim() == 4
+
+
+@pytest.mark.parametrize('name', ['aa_resnet50', 'ea_aa_resnet50'])
+def test_aa_resnets_take_timms_deep_stems(name):
+    model = timm.create_model(name, stem_type='deep', **small_kwargs(name)).eval()
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 64, 64)).shape[0] == 1
+    with pytest.raises(ValueError, match='channels'):
+        model(torch.randn(1, 4, 64, 64))

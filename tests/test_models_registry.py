@@ -50,6 +50,7 @@ def test_registration_refuses_a_timm_name():
         raise AssertionError('never built')
 
     resnet50.__module__ = 'timm_attnconv.models.not_timm'
+    timms = timm.models.model_entrypoint('resnet50')
     with pytest.raises(RuntimeError, match='already registered'):
         _registry.register_model(resnet50)
-    assert timm.list_models('resnet50') == ['resnet50']
+    assert timm.models.model_entrypoint('resnet50') is timms and timm.list_models('resnet50') == ['resnet50']

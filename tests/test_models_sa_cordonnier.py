@@ -159,6 +159,8 @@ def test_training_with_attention_dropout_uses_one_mask_for_the_batch():
     out = model(x)
     # identical samples see the same (batch-independent) dropped map, as in the original
     torch.testing.assert_close(out, out[:1].expand_as(out))
+    with torch.no_grad():
+        assert (out - model.eval()(x)).abs().max() > 1e-3  # and a map was dropped at all
 
 
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_quadratic_gen_cifar', 'sa_learned_content_cifar'])

@@ -22,8 +22,11 @@ def test_launcher_runs_an_unmodified_script(tmp_path, capsys, monkeypatch):
     (tmp_path / 'helper_module.py').write_text('VALUE = 42\n')
     monkeypatch.setattr(sys, 'argv', list(sys.argv))
     monkeypatch.setattr(sys, 'path', list(sys.path))
-    with pytest.raises(SystemExit) as exit_info:
-        run.main([str(tmp_path / 'script.py'), 'sa_quadratic_tiny_cifar', '7'])
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run.main([str(tmp_path / 'script.py'), 'sa_quadratic_tiny_cifar', '7'])
+    finally:
+        sys.modules.pop('helper_module', None)  # the script's import, which no later test should find
     assert exit_info.value.code == 7
     assert 'created sa_quadratic_tiny_cifar' in capsys.readouterr().out
 

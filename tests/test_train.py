@@ -47,6 +47,8 @@ def assert_same_run(a, b):
         for name, value in a[key].items():
             assert torch.equal(value, b[key][name]), f'{key}.{name} differs'
     assert a['optimizer']['state'].keys() == b['optimizer']['state'].keys()
+    for index, state in a['optimizer']['state'].items():  # AdamW's moments and step count too
+        assert all(torch.equal(value, b['optimizer']['state'][index][k]) for k, value in state.items()), index
 
 
 @pytest.fixture(scope='module')
@@ -61,6 +63,9 @@ def whole(tmp_path_factory, synthetic_cifar10_as_default):
 def test_interrupted_run_resumes_exactly(tmp_path, whole):
     log = strict_log(whole)
     assert [e['epoch'] for e in log] == [1, 2] and 0 <= log[-1]['test_top1'] <= 100
+    # it learns: the synthetic classes are separable (tests/conftest.py), 10% is chance
+    assert log[1]['train_loss'] < log[0]['train_loss'] and log[1]['test_loss'] < log[0]['test_loss']
+    assert log[-1]['test_top1'] > 10
     stopped = train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])
     assert stopped['stopped'] and stopped['epoch'] == 1 and stopped['step_in_epoch'] == 1
     checkpoint = (tmp_path / 'last.pth.tar').read_bytes()

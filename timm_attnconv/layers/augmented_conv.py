@@ -98,7 +98,7 @@ class AAConv2d(AttentionLayer):
             (the ``(hw)²`` logits in place, the reference), ``'sdpa'`` (the relative logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (the relative logits as query channels against one-hot key channels: SDPA without a
             mask), ``'flex'`` (FlexAttention adds them inside the kernel: no ``(hw)²`` tensor) or ``'auto'`` (default:
-            ``'sdpa_onehot'``, measured fastest on CPU and, eager, on CUDA; ``'sdpa'`` in a compiled model on CUDA;
+            ``'sdpa_onehot'``, measured fastest on CPU and, eager, on CUDA; ``'flex'`` in a compiled model on CUDA;
             the explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
 
     A stride-2 layer average-pools the attention input (3×3, stride 2, padding 1, padding not counted) so that the

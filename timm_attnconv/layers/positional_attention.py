@@ -356,7 +356,8 @@ class PositionalSelfAttention(AttentionLayer):
         """Forward pass inside an evolving-attention chain (Wang et al. 2021): ``(output, logits to hand on)``.
 
         Runs the dense algorithm (the maps must exist to be evolved); without ``self.evolve`` the layer starts a
-        chain and ignores ``prev``.
+        chain and ignores ``prev``. Position-only maps are expanded to the batch first, so attention dropout draws a
+        mask per image here, where :meth:`forward` draws one for the batch.
         """
         batch, height, width, dim = x.shape
         logits = self.attention_logits(x)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import SelectAdaptivePool2d, to_2tuple
+from timm.layers import DropPath, SelectAdaptivePool2d, to_2tuple
 from timm.models import checkpoint_seq, generate_default_cfgs
 from timm.models._features import feature_take_indices
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
@@ -92,7 +92,7 @@ class AAResNet(ResNet):
         return _relative_tables(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _input.check_image_batch(x, self.conv1.in_channels)  # here, not in forward_features: TorchScript has no super()
+        _input.check_image_batch(x, self.in_chans)  # here, not in forward_features: TorchScript has no super()
         return self.forward_head(self.forward_features(x))
 
 
@@ -110,7 +110,8 @@ class CifarBlock(nn.Module):
     """
 
     def __init__(self, in_chs: int, out_chs: int, stride: int, preact: bool,
-                 aa_kwargs: Optional[Dict[str, Any]] = None, drop_rate: float = 0., device=None, dtype=None):
+                 aa_kwargs: Optional[Dict[str, Any]] = None, drop_rate: float = 0., drop_path_rate: float = 0.,
+                 device=None, dtype=None):
         super().__init__()
         dd = dict(device=device, dtype=dtype)
         self.preact, self.stride, self.extra_chs = preact, stride, out_chs - in_chs
@@ -120,6 +121,7 @@ class CifarBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_chs, **dd)
         self.drop = nn.Dropout(drop_rate)
         self.conv2 = nn.Conv2d(out_chs, out_chs, 3, 1, 1, bias=False, **dd)
+        self.drop_path = DropPath(drop_path_rate) if drop_path_rate > 0 else nn.Identity()  # stochastic depth
 
     def shortcut(self, x: torch.Tensor) -> torch.Tensor:
         if self.stride > 1:
@@ -145,8 +147,8 @@ class CifarBlock(nn.Module):
 
     def _conv2_residual(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if self.preact:
-            return self.conv2(self.drop(out)) + self.shortcut(x)
-        return F.relu(self.bn2(self.conv2(self.drop(out))) + self.shortcut(x))
+            return self.drop_path(self.conv2(self.drop(out))) + self.shortcut(x)
+        return F.relu(self.drop_path(self.bn2(self.conv2(self.drop(out)))) + self.shortcut(x))
 
 
 class CifarResNet(nn.Module):
@@ -159,6 +161,8 @@ class CifarResNet(nn.Module):
         num_heads, kappa, upsilon, min_dim_head_qk, rel_pos, attn_kernel, pool_first_aa_stage: of the attention
             layers.
         img_size: default input size; sizes the relative tables.
+        drop_rate: dropout before the classifier; block_drop_rate: dropout between a block's convolutions (WRN);
+            drop_path_rate: stochastic depth of the last block, rising linearly from 0 at the first.
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class CifarResNet(nn.Module):
             global_pool: str = 'avg',
             drop_rate: float = 0.,
             block_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
             device=None,
             dtype=None,
     ):
@@ -194,6 +199,9 @@ class CifarResNet(nn.Module):
         self.bn1 = nn.Identity() if preact else nn.BatchNorm2d(stem_width, **dd)
         self.act1 = nn.Identity() if preact else nn.ReLU()
         img_h, img_w = to_2tuple(img_size)
+        # stochastic depth rising linearly over the blocks to drop_path_rate, as timm's ResNet
+        total = sum(depths)
+        block_drop_path = iter([drop_path_rate * i / max(total - 1, 1) for i in range(total)])
         stages, in_chs, self.feature_info = [], stem_width, []
         for index, (depth, width) in enumerate(zip(depths, widths)):
             stride = 1 if index == 0 else 2
@@ -206,7 +214,7 @@ class CifarResNet(nn.Module):
             blocks = []
             for block_index in range(depth):
                 blocks.append(CifarBlock(in_chs, width, stride if block_index == 0 else 1, preact, aa_kwargs,
-                                         block_drop_rate, **dd))
+                                         block_drop_rate, next(block_drop_path), **dd))
                 in_chs = width
             stages.append(nn.Sequential(*blocks))
             self.feature_info.append(dict(num_chs=width, reduction=2 ** index, module=f'stages.{index}'))
@@ -238,10 +246,12 @@ class CifarResNet(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.fc
 
-    def reset_classifier(self, num_classes: int, global_pool: str = 'avg') -> None:
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
-        self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
-        self.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+        if global_pool is not None:  # None keeps the pooling, as timm's ResNet
+            self.global_pool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
+        dd = dict(device=self.conv1.weight.device, dtype=self.conv1.weight.dtype)
+        self.fc = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
 
     def forward_intermediates(
             self,

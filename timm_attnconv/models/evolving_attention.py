@@ -167,7 +167,7 @@ class EAAAResNet(AAResNet):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.conv1.in_channels)
+        check_image_batch(x, self.in_chans)
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
         x, prev, _ = self.layer1(x, None, self.grad_checkpointing)
         x, prev, _ = self.layer2(x, prev, self.grad_checkpointing)

@@ -171,7 +171,7 @@ class SelfAttentionNet(nn.Module):
         # a 2×2/2 conv equals the original space-to-depth + Linear(4·C → D) (downsample_concatenate,
         # features_upscale); named like timm's PatchEmbed
         self.patch_embed.proj = nn.Conv2d(in_chans, embed_dim, patch_size, stride=patch_size, **dd)
-        dpr = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # no tensor: builds on the meta device
         self.blocks = nn.Sequential(*[
             PostNormBlock(
                 embed_dim, heads[i], mlp_dim, position=position, content=content, max_grid=max_grid,
