@@ -295,3 +295,9 @@ def test_a_variant_that_does_not_compile_is_listed_with_why_and_the_others_are_t
     assert [r['kernel'] for r in rows] == ['explicit', 'unbuildable', 'sdpa_onehot']
     assert rows[1]['error'] == 'compiling failed: RuntimeError: out of resource: shared memory'
     assert rows[0]['speed'] == 1.0 and rows[2]['img_s'] > 0 and rows[2]['max_abs_diff'] < 1e-4
+    # and in training steps, where the compile of a step used to end the table
+    rows = benchmark.compare_training_variants('aa_resnet20_cifar', variants, 'kernel', batch_size=2, steps=1,
+                                               max_warmup=1, compile_model=True)
+    assert [r['kernel'] for r in rows] == ['explicit', 'unbuildable', 'sdpa_onehot']
+    assert rows[1]['error'] == 'compiling failed: RuntimeError: out of resource: shared memory'
+    assert rows[0]['speed'] == 1.0 and rows[2]['img_s'] > 0

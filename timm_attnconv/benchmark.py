@@ -471,13 +471,19 @@ def compare_training_variants(
         variant = _prepared(set_up(copy.deepcopy(model)).to(dev), False, channels_last)
         step = _training_step(variant, batch_size, dev, amp, channels_last)
         row = {'name': name, 'batch': batch_size, label: variant_name, 'reps': steps}
+        side = functools.partial(step, _prepared(variant, compile_model))
         try:
             step(variant)  # creates the optimizer state; a variant that cannot run says so here
+            if compile_model:
+                side()  # compiles here: a variant whose compile fails gets a row saying why, the others are timed
         except ValueError as error:
             rows.append(dict(row, error=str(error)))
             continue
+        except torch._dynamo.exc.TorchDynamoException as error:
+            rows.append(dict(row, error=_why_compiling_failed(error)))
+            continue
         rows.append(row)
-        sides.append(functools.partial(step, _prepared(variant, compile_model)))
+        sides.append(side)
     _time_against_the_first(rows, sides, batch_size, steps, dev, max_warmup)
     return rows
 
