@@ -14,7 +14,7 @@ import timm
 import torch
 
 from timm_attnconv import evaluate as evaluate_cli, runs, train as train_module
-from timm_attnconv.data import normalize
+from timm_attnconv.data import load_cifar10, normalize
 from timm_attnconv.runs import load_training_checkpoint, read_checkpoint
 from timm_attnconv.stage import training_command
 from timm_attnconv.train import TrainConfig, main as train_main, train
@@ -72,6 +72,8 @@ def test_interrupted_run_resumes_exactly(tmp_path, whole):
     again = train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])  # the same command: no fifth step
     assert again == dict(stopped=True, epoch=1, step_in_epoch=1)
     assert (tmp_path / 'last.pth.tar').read_bytes() == checkpoint
+    with pytest.raises(FileExistsError, match='exists and --no-resume was given'):
+        train_main(TINY + ['--output', str(tmp_path), '--no-resume'])
     train_main(TINY + ['--output', str(tmp_path)])
     assert_same_run(whole, tmp_path)
     assert strict_log(tmp_path) == log
@@ -267,6 +269,16 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):
                                 '--data-dir', synthetic_cifar10, '--limit', '50',
                                 '--json', str(tmp_path / 'eval.json')])
     assert result['images'] == 50 and json.loads((tmp_path / 'eval.json').read_text())['top1'] == result['top1']
+    # --ema scores the run's EMA weights, without it its weights
+    images, labels = load_cifar10(synthetic_cifar10, 'test')
+    ema = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'), '--ema',
+                             '--data-dir', synthetic_cifar10, '--limit', '50'])
+    checkpoint = str(tmp_path / 'last.pth.tar')
+    expected = {key: dict(evaluate_cli.evaluate(load_training_checkpoint(checkpoint, use_ema=key == 'ema'),
+                                                images[:50], labels[:50], progress=False), model='sa_quadratic_cifar')
+                for key in ('model', 'ema')}
+    assert ema == expected['ema'] and result == expected['model']
+    assert ema['loss'] != result['loss']
     with pytest.raises(ValueError, match='is a checkpoint of sa_quadratic_cifar, not of aa_resnet20_cifar: pass '
                                          '--model sa_quadratic_cifar'):
         evaluate_cli.main(['--model', 'aa_resnet20_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'),
