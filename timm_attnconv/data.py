@@ -113,8 +113,7 @@ def write_image_folder(out_dir: str, split: str = 'test', classes: Optional[Sequ
     if unknown:
         raise ValueError(f'unknown CIFAR-10 classes {unknown}; choose from {list(CIFAR10_CLASSES)}')
     images, labels = load_cifar10(data_dir, split)
-    present = sorted({CIFAR10_CLASSES[i] for i in labels.unique().tolist()} & set(classes or CIFAR10_CLASSES))
-    if not present:
+    if not {CIFAR10_CLASSES[i] for i in labels.unique().tolist()} & set(classes or CIFAR10_CLASSES):
         raise ValueError(f'the {split} split of this CIFAR-10 folder ({labels.numel()} images) has no image of '
                          f"{', '.join(classes or CIFAR10_CLASSES)}: pass other --classes or the full data set")
     split_dir = os.path.join(out_dir, 'train' if split == 'train' else 'validation')
