@@ -139,7 +139,7 @@ BAD_ARGUMENTS = [
     ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{cifar10}', '--model-kwargs', '{"depht": 2}'], USAGE,
      'sa_quadratic_tiny_cifar does not take --model-kwargs {"depht": 2}'),
     ('train', TINY + ['--output', '{tmp}/r', '--data-dir', '{cifar10}', '--model-kwargs', '{"num_classes": 100}'],
-     USAGE, '--model-kwargs {"num_classes": 100}: this command sets num_classes=10 itself; drop it from --model-kwargs'),
+     USAGE, '--model-kwargs {"num_classes": 100}: this command sets num_classes=10 itself; drop it from'),
     ('predict', [SAMPLE] + TINY + ['--num-classes', '5', '--model-kwargs', '{"num_classes": 3}'], USAGE,
      '--model-kwargs {"num_classes": 3}: this command sets num_classes=5 itself'),
     ('transfer', ['pack'], USAGE, "argument command: invalid choice: 'pack'"),

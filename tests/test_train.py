@@ -271,9 +271,9 @@ def test_evaluate_a_training_checkpoint(tmp_path, capsys, synthetic_cifar10):
     assert result['images'] == 50 and json.loads((tmp_path / 'eval.json').read_text())['top1'] == result['top1']
     # --ema scores the run's EMA weights, without it its weights
     images, labels = load_cifar10(synthetic_cifar10, 'test')
-    ema = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', str(tmp_path / 'last.pth.tar'), '--ema',
-                             '--data-dir', synthetic_cifar10, '--limit', '50'])
     checkpoint = str(tmp_path / 'last.pth.tar')
+    ema = evaluate_cli.main(['--model', 'sa_quadratic_cifar', '--checkpoint', checkpoint, '--ema',
+                             '--data-dir', synthetic_cifar10, '--limit', '50'])
     expected = {key: dict(evaluate_cli.evaluate(load_training_checkpoint(checkpoint, use_ema=key == 'ema'),
                                                 images[:50], labels[:50], progress=False), model='sa_quadratic_cifar')
                 for key in ('model', 'ema')}

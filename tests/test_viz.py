@@ -65,7 +65,8 @@ def test_training_time_grid_starts_at_the_runs_initialisation(tmp_path):
     # --ema draws the run's EMA weights (TINY keeps them), not its weights
     (ema,), titles = _training_snapshots([ckpt], ema=True)
     expected = load_weights(read_checkpoint(ckpt), 'ema').state_dict()
-    assert titles == ['epoch 0 + 1 steps, EMA'] and all(torch.equal(v, expected[k]) for k, v in ema.state_dict().items())
+    assert titles == ['epoch 0 + 1 steps, EMA']
+    assert all(torch.equal(v, expected[k]) for k, v in ema.state_dict().items())
     # a checkpoint of the same run written by an earlier trainer (fewer keys in its config) shares the start; one
     # with another seed does not
     state = torch.load(ckpt, weights_only=True)

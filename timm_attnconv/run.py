@@ -6,8 +6,8 @@
 
 timm has no plugin mechanism: its scripts know only registered names. This imports ``timm_attnconv`` (which registers
 the models) and then runs the script as ``python script.py args`` would: ``sys.argv``, ``__main__``, the script's
-folder first on ``sys.path`` (``python -m`` also keeps the current folder there, after it), its exit code. Nothing is installed into site-packages (a ``.pth`` hook would import
-torch and timm at every Python start).
+folder first on ``sys.path`` (``python -m`` also keeps the current folder there, after it), its exit code. Nothing
+is installed into site-packages (a ``.pth`` hook would import torch and timm at every Python start).
 """
 import importlib.util
 import os

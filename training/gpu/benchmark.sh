@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     --quick) iters=2;;
     --profile) profile=1;;
     --budget) budget=${2:?--budget needs a number of seconds}; shift
-              [[ $budget =~ ^[0-9]+$ ]] || { echo "--budget takes whole seconds, such as 420; got $budget" >&2; exit 2; };;
+              [[ $budget =~ ^[0-9]+$ ]] || { echo "--budget takes whole seconds, not $budget" >&2; exit 2; };;
     --steps) chosen=${2:?--steps needs a list of steps}; shift;;
     --from) chosen=${2:?--from needs a step number}-; shift;;
     *) echo "unknown option $1" >&2; exit 2;;
