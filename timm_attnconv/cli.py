@@ -28,9 +28,9 @@ import torch.nn as nn
 from .constants import CONFIG_FILE
 
 __all__ = ['UsageError', 'run', 'fail', 'prog', 'parser', 'positive_int', 'non_negative_int', 'positive_float',
-           'non_negative_float', 'probability', 'json_object', 'check_value', 'model_name', 'device', 'missing_device',
-           'create_model', 'tune_for_device', 'keep_freed_memory', 'add_model_args', 'add_data_dir_arg',
-           'add_test_set_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
+           'non_negative_float', 'probability', 'json_object', 'check_value', 'weights_path', 'model_name', 'device',
+           'missing_device', 'create_model', 'tune_for_device', 'keep_freed_memory', 'add_model_args',
+           'add_data_dir_arg', 'add_test_set_args', 'add_device_arg', 'load_model', 'load_test_split', 'print_result']
 
 DEBUG_ENV = 'TIMM_ATTNCONV_DEBUG'
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -40,6 +40,8 @@ MALLOC_ENV = ('MALLOC_MMAP_MAX_', 'MALLOC_TRIM_THRESHOLD_', 'GLIBC_TUNABLES')
 # faults of an input or a run that a tool reports in one line; any other exception is a bug
 INPUT_ERRORS = (ValueError, OSError, RuntimeError, FloatingPointError)
 LIST_MODELS = '`python -c "import timm_attnconv; print(timm_attnconv.list_models())"` lists this package\'s models'
+# --checkpoint reads a file of this suffix as weights, any other as a training checkpoint
+WEIGHTS_SUFFIX = '.safetensors'
 
 
 class UsageError(ValueError):
@@ -298,7 +300,16 @@ def load_model(args: argparse.Namespace, **kwargs) -> nn.Module:
 
 
 def _is_training_checkpoint(path: Optional[str]) -> bool:
-    return path is not None and not path.endswith('.safetensors')
+    return path is not None and not path.endswith(WEIGHTS_SUFFIX)
+
+
+def weights_path(text: str) -> str:
+    """A file name for weights that the tools read back: ``--checkpoint`` tells weights from a training checkpoint by
+    the ``.safetensors`` suffix."""
+    if not text.endswith(WEIGHTS_SUFFIX):
+        raise argparse.ArgumentTypeError(f'expected a file name ending in {WEIGHTS_SUFFIX}, as the tools read weights '
+                                         f'files, got {text!r}')
+    return text
 
 
 def _from_training_checkpoint(args: argparse.Namespace, kwargs: Dict[str, Any]) -> nn.Module:

@@ -11,7 +11,6 @@ layer, the most degenerate pruned first (the paper's counts give ``sa_quadratic_
 report lists the heads pruned and those the criterion names, per layer. The pruned weights load into
 ``timm.create_model(NAME, num_heads=<the printed num_heads>)``, and the tools take them with ``--model-kwargs``.
 """
-import argparse
 import json
 from typing import Any, Dict, Optional, Sequence
 
@@ -32,7 +31,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--num-heads', type=cli.positive_ints, default=None,
                         help='keep this many heads per layer (comma-separated, one count per layer), pruning the most '
                              'degenerate first, instead of the heads the criterion names')
-    parser.add_argument('--out', type=_safetensors_path, default=None,
+    parser.add_argument('--out', type=cli.weights_path, default=None,
                         help='write the pruned weights here (a .safetensors file)')
     parser.add_argument('--json', default=None, help='also write the report to this file')
     args = parser.parse_args(argv)
@@ -43,14 +42,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                   metadata={'num_heads': json.dumps(report['num_heads'])})
     cli.print_result(report, args.json, indent=2)
     return report
-
-
-def _safetensors_path(text: str) -> str:
-    # the tools tell a weights file from a training checkpoint by this suffix (--checkpoint)
-    if not text.endswith('.safetensors'):
-        raise argparse.ArgumentTypeError(f'expected a file name ending in .safetensors, as the tools read weights '
-                                         f'files, got {text!r}')
-    return text
 
 
 if __name__ == '__main__':

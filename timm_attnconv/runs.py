@@ -19,8 +19,8 @@ import torch.nn as nn
 from .constants import CHECKPOINT, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, LOG
 
 __all__ = ['checkpoint_digest', 'atomic_write', 'save_checkpoint', 'write_log', 'logged_epochs', 'steps_per_epoch',
-           'cifar10_cfg_overlay', 'build_model', 'read_checkpoint', 'load_weights', 'architecture_mismatch',
-           'load_training_checkpoint']
+           'epochs_done', 'cifar10_cfg_overlay', 'build_model', 'read_checkpoint', 'load_weights',
+           'architecture_mismatch', 'load_training_checkpoint']
 
 
 def _hash_into(h: Any, obj: Any) -> None:
@@ -96,6 +96,12 @@ def steps_per_epoch(state: Dict[str, Any]) -> int:
         return (state['global_step'] - state['step_in_epoch']) // state['epoch']
     config = state['config']
     return (config.get('train_limit') or 50_000) // config['batch_size']  # EpochBatches drops the last batch
+
+
+def epochs_done(state: Dict[str, Any]) -> float:
+    """How far a checkpoint's run had trained, in epochs, mid-epoch steps included: of the checkpoint itself, or of
+    the manifest ``transfer`` wrote for weights taken from one."""
+    return state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch(state))
 
 
 def cifar10_cfg_overlay(model_kwargs: Dict[str, Any]) -> Dict[str, Any]:

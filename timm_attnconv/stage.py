@@ -309,15 +309,14 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     checkpoint, or from its safetensors weights and recorded ``config.json`` when no checkpoint was kept (weights
     brought back by ``transfer``, whose manifest says how far into an epoch they were taken)."""
     from safetensors.torch import load_file
-    from .runs import logged_epochs, read_checkpoint, steps_per_epoch
+    from .runs import epochs_done, logged_epochs, read_checkpoint
 
     log_path = os.path.join(run_dir, LOG)
     ckpt = os.path.join(run_dir, CHECKPOINT)
     if os.path.isfile(ckpt):
         state = read_checkpoint(ckpt)  # digest-checked
         return dict(config=state['config'], model=state.get('model'), ema=state.get('ema'), resumable=True,
-                    log=logged_epochs(state, log_path),
-                    epochs_done=state['epoch'] + state['step_in_epoch'] / max(1, steps_per_epoch(state)))
+                    log=logged_epochs(state, log_path), epochs_done=epochs_done(state))
     log = read_log(log_path) if os.path.isfile(log_path) else []
     weights = {key: os.path.join(run_dir, name) for key, name in WEIGHTS_FILES.items()
                if os.path.isfile(os.path.join(run_dir, name))}
@@ -335,13 +334,11 @@ def _read_run(run_dir: str) -> Dict[str, Any]:
     if missing:
         raise ValueError(f"{config_path!r} lacks {', '.join(missing)}: it is not a run config of "
                          f'python -m timm_attnconv.train')
-    epochs_done = log[-1]['epoch']
+    done = log[-1]['epoch']
     if os.path.isfile(os.path.join(run_dir, MANIFEST)):  # the checkpoint the weights came from, maybe mid-epoch
         with open(os.path.join(run_dir, MANIFEST)) as f:
-            taken = json.load(f)
-        if taken.get('step_in_epoch'):
-            epochs_done = taken['epoch'] + taken['step_in_epoch'] / taken['steps_per_epoch']
-    return dict(config=config, resumable=False, log=log, epochs_done=epochs_done,
+            done = epochs_done(json.load(f))
+    return dict(config=config, resumable=False, log=log, epochs_done=done,
                 **{key: load_file(weights[key]) if key in weights else None for key in WEIGHTS_FILES})
 
 
