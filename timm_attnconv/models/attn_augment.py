@@ -349,6 +349,9 @@ default_cfgs = generate_default_cfgs({
     'attnconv_resnet20_cifar.c10': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10: 100 SGD epochs on one H100, the '
         'recipe of aa_resnet20_cifar.c10', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10')),
+    'attnconv_resnet20_cifar.c10_cpu': _cifar_cfg(
+        'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_cpu: the recipe of c10 on 2 CPU cores '
+        'in fp32, as aa_resnet20_cifar.c10_cpu was trained', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10_cpu')),
     'attnconv_resnet20_cifar.c10_2ep': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_2ep: a 2-epoch CPU schedule (the '
         'trained CNN that Theorem 1 converts), not a converged baseline',
