@@ -1,7 +1,7 @@
 """Every model, attention path and kernel on a CUDA device against the CPU: the checks a GPU session runs first.
 
 The CPU suite tests each path and kernel on the CPU; what only a GPU shows is what ``'auto'`` picks there (dense or
-the batched separable form by grid, FlexAttention for the relative-position kernels), FlexAttention's backward, and
+the direct separable form by grid, the fused or explicit relative-position kernels), FlexAttention's backward, and
 the CUDA kernels of every model under autocast and ``torch.compile``. Opt-in, as these need the device: setup.cfg
 deselects the ``cuda`` marker, and the GPU machine runs
 ``python3 -m pytest -m cuda tests/test_cuda.py tests/test_layers_attention_kernels.py`` (training/gpu/README.md).
@@ -119,7 +119,7 @@ def test_a_training_step_under_bf16_autocast_stays_finite(name):
 @pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct',
                                   'auto'])
 def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
-    # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the batched separable form)
+    # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the direct separable form)
     model, x = _small(name, size=size)
     model, x = model.to(DEVICE), x.to(DEVICE)
     dense = _logits_and_grads(set_attn_path(model, 'dense'), x)
@@ -332,8 +332,8 @@ def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name
 
 
 # beside each model's own choices, the kernels a layer may be set to: FlexAttention's score_mod and a Triton launch
-# have no batch to work on (the layers route an empty batch around them), and SDPA's flash backend refused one in
-# older torch versions (pytorch/pytorch#133780)
+# have no batch to work on, and SDPA returned None for one under bf16 autocast (torch 2.11, an H200; its flash
+# backend refused one in older versions, pytorch/pytorch#133780): the layers route an empty batch around them
 EMPTY_BATCH_CHOICES = (
     [(name, None) for name in MODELS]
     + [(name, ('kernel', kernel)) for name in ('aa_resnet20_cifar', 'sa_learned_content_cifar')

@@ -343,6 +343,52 @@ def test_auto_on_cuda_takes_the_layers_kernel_for_eager_and_compiled_models(monk
     assert choose_kernel('flex', *qkv_rows, cpu_kernel='explicit') == 'flex'  # asked for by name, it runs
 
 
+def test_flex_refuses_a_symbolic_grid_on_cuda_only(monkeypatch):
+    # a graph compiled with dynamic=True gives the layer a symbolic grid width, which inductor could not lower into
+    # FlexAttention's score_mod on CUDA (an H200, torch 2.11): 'auto' takes SDPA there, a forced 'flex' says why
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    width = ShapeEnv().create_unbacked_symint()
+    cuda = types.SimpleNamespace(device=torch.device('cuda'), dtype=torch.bfloat16, requires_grad=False)
+    rows = types.SimpleNamespace(shape=(1, 2, 4, width, 4), requires_grad=False)
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    assert 'symbolic' in flex_unsupported_reason(cuda, cuda, cuda, rows)
+    assert choose_kernel('auto', cuda, cuda, cuda, rows, cpu_kernel='explicit', compiled_cuda_kernel='flex') == 'sdpa'
+    with pytest.raises(ValueError, match="attn_kernel='flex' cannot run here: .*symbolic.*dynamic=False"):
+        choose_kernel('flex', cuda, cuda, cuda, rows, cpu_kernel='explicit')
+    q, k, v, _, _ = _inputs((4, 5))
+    with torch.no_grad():  # on CPU the kernel is compiled alone, for concrete sizes
+        assert flex_unsupported_reason(q, k, v, rows) is None
+    rows.shape = (1, 2, 4, 5, 4)
+    assert flex_unsupported_reason(cuda, cuda, cuda, rows) is None
+
+
+@pytest.mark.parametrize('kernel', ['sdpa', 'sdpa_onehot', 'flex', 'sdpa with a dense bias'])
+def test_an_empty_batch_takes_the_explicit_maths_whatever_the_kernel(monkeypatch, kernel):
+    # on CUDA the fused kernels failed on no batch (SDPA returned None under bf16 autocast, an H200, torch 2.11)
+    def refuse(*args, **kwargs):
+        raise AssertionError('a fused kernel ran on an empty batch')
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', refuse)
+    monkeypatch.setattr(attention_kernels, '_flex_or_fallback', refuse)
+    q, k, v, rows, cols = _inputs((3, 5), batch=0, requires_grad=True)
+    if kernel == 'sdpa with a dense bias':
+        out = relative_attention(q, k, v, 0.3, 'sdpa', bias=relative_bias(rows, cols))
+    else:
+        out = relative_attention(q, k, v, 0.3, kernel, rows, cols)
+    assert out.shape == (0, 3, 15, 2)
+    assert all(grad.shape == t.shape for grad, t in zip(torch.autograd.grad(out.sum(), (q, k, v, rows)),
+                                                            (q, k, v, rows)))
+
+
+def test_content_layers_ask_for_explicit_maps_on_cuda_up_to_16x16_tokens_and_flex_above(monkeypatch):
+    asked = []
+    monkeypatch.setattr(positional_attention, 'choose_kernel', lambda *args: asked.append(args[5:]) or 'explicit')
+    layer = PositionalSelfAttention(8, 2, position='query_relative', content=True, max_grid=17).eval()
+    layer(torch.randn(1, 16, 16, 8))
+    layer(torch.randn(1, 16, 17, 8))
+    # (cpu_kernel, dense_bias, dropout_p, cuda_kernel)
+    assert asked == [('sdpa_onehot', False, 0., 'explicit'), ('sdpa_onehot', False, 0., 'flex')]
+
+
 def test_aa_layers_ask_for_sdpa_onehot_on_cuda_and_flex_compiled(monkeypatch):
     asked = {}
     monkeypatch.setattr(augmented_conv, 'choose_kernel', lambda *args, **kwargs: asked.update(kwargs) or 'explicit')

@@ -144,10 +144,12 @@ def test_wrong_input_channels_are_named():
 @pytest.mark.parametrize('channels_last', [False, True])
 def test_the_folded_bilinear_resize_is_interpolate(dtype, channels_last):
     # the attention output of a pooled layer, upsampled to the convolution's grid: values, gradients and the layout
-    # of the form CUDA runs (tests/test_cuda.py checks it there; on CPU tensors the layer calls F.interpolate)
+    # of the form CUDA runs (tests/test_cuda.py checks it there; on CPU tensors the layer calls F.interpolate). An
+    # empty batch too: folded, it would be an image of no channels, which the resize kernels refuse on both devices
     from timm_attnconv.layers.augmented_conv import _folded_resize
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    for shape, size in (((3, 8, 14, 14), (28, 28)), ((2, 5, 4, 6), (7, 11)), ((1, 3, 5, 5), (5, 9))):
+    for shape, size in (((3, 8, 14, 14), (28, 28)), ((2, 5, 4, 6), (7, 11)), ((1, 3, 5, 5), (5, 9)),
+                        ((0, 8, 4, 4), (8, 8))):
         x = torch.randn(shape).to(dtype).contiguous(memory_format=memory_format).requires_grad_()
         out = _folded_resize(x, *size, channels_last)
         expected = F.interpolate(x, size=size, mode='bilinear', align_corners=False)

@@ -159,12 +159,12 @@ def test_every_exact_path_gives_the_same_output_and_gradients(position):
 
 
 @pytest.mark.parametrize('attn_path,device_type,grid,expected', [
-    # CUDA: dense up to 16×16 tokens (the H100 crossover), the batched separable form above
+    # CUDA: dense up to 16×16 tokens (the H100 crossover), the direct separable form above (an H200's fastest)
     ('auto', 'cuda', (16, 16), 'dense'),
     ('auto', 'cuda', (8, 4), 'dense'),
-    ('auto', 'cuda', (16, 17), 'separable_batched'),
-    ('auto', 'cuda', (48, 48), 'separable_batched'),
-    ('separable', 'cuda', (16, 16), 'separable_batched'),  # a forced separable path stays separable
+    ('auto', 'cuda', (16, 17), 'separable_direct'),
+    ('auto', 'cuda', (48, 48), 'separable_direct'),
+    ('separable', 'cuda', (16, 16), 'separable_direct'),  # a forced separable path stays separable
     # CPU: the per-head loop at every grid, as before the table
     ('auto', 'cpu', (2, 2), 'separable_loop'),
     ('auto', 'cpu', (48, 48), 'separable_loop'),

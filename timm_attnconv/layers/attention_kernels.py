@@ -36,9 +36,9 @@ Kernels (:data:`ATTN_KERNELS`):
 * ``'auto'``: the layer's own choice for the device, what it measured fastest there (``python -m
   timm_attnconv.benchmark --kernels``). On CPU ``'sdpa_onehot'`` wherever it applies. On CUDA, eager,
   ``'sdpa_onehot'`` for attention-augmented convolution (AA-ResNet-50 on an H100, bf16: 1.16× the explicit maps'
-  speed, FlexAttention 1.09×, SDPA with the bias as its mask 0.80×) and ``'flex'`` where it can run for the content
-  model (the least memory: 885 MB against 1,454 explicit, 2,107 one-hot and 4,084 SDPA at batch 128), else
-  ``'sdpa'``. In a ``torch.compile``'d model on CUDA ``'flex'`` for attention-augmented convolution (AA-ResNet-50
+  speed, FlexAttention 1.09×, SDPA with the bias as its mask 0.80×); for the content model the explicit maps up to
+  16×16 tokens (an H200, bf16, batch 256: the fastest, at 1,966 MB; FlexAttention 0.58× at 1,228 MB) and
+  ``'flex'`` above where it can run (no ``N × N`` tensor where the maps grow as ``N²``), else ``'sdpa'``. In a ``torch.compile``'d model on CUDA ``'flex'`` for attention-augmented convolution (AA-ResNet-50
   on an H100, bf16, compiled: 1.10× SDPA's speed with the least memory, 441 MB against 615; SDPA one-hot 0.96×) and
   ``'sdpa'`` for the content model, whose FlexAttention inside a compiled graph on a GPU is not yet measured. The
   explicit maps under tracing and ONNX export.
@@ -187,8 +187,12 @@ def relative_attention(
     :func:`flex_unsupported_reason`); where its compiled kernel fails, SDPA runs instead (the same maths) if the
     layer's ``requested`` kernel was ``'auto'``, and otherwise a ``ValueError`` says why.
     """
-    if kernel == 'flex' and q.shape[0] == 0:
-        kernel = 'sdpa'  # an empty batch: nothing to attend, and FlexAttention's score_mod cannot index no batch
+    if q.shape[0] == 0:
+        # an empty batch: the explicit maths, which every device runs on no batch. The fused kernels do not:
+        # FlexAttention's score_mod cannot index no batch, and on CUDA (torch 2.11, an H200) SDPA returned None under
+        # bf16 autocast and its memory-efficient kernel refused the stride-0 views of a compiled graph
+        probs = attention_probs(relative_logits(q, k, scale, rows, cols, bias))
+        return matmul_shared_heads(probs, v.to(probs.dtype))
     if kernel == 'flex' and not torch.jit.is_scripting():
         return _flex_or_fallback(q, k, v, scale, rows, cols, 'sdpa' if requested == 'auto' else None)
     if kernel == 'sdpa_onehot':
@@ -378,6 +382,12 @@ def flex_unsupported_reason(
         return f'the kernel is used on CUDA and CPU only, the inputs are on {q.device.type}'
     if q.dtype not in FLEX_DTYPES:
         return f'FlexAttention takes {", ".join(str(d) for d in FLEX_DTYPES)}, the inputs are {q.dtype}'
+    if q.device.type == 'cuda' and rows is not None and not isinstance(rows.shape[3], int):
+        # the score_mod maps a key to its row and column by the grid's width; inside a graph compiled with dynamic
+        # shapes that width is symbolic, and inductor failed to lower it (torch 2.11, an H200: "'ShapeAsConstantBuffer'
+        # object has no attribute 'dtype'"). On CPU the kernel is compiled alone, for concrete sizes
+        return ('the grid size is symbolic (torch.compile with dynamic=True), which inductor cannot lower into '
+                "FlexAttention's score_mod on CUDA; compile with dynamic=False to use it")
     if q.device.type == 'cpu':
         needs_grad = any(t is not None and t.requires_grad for t in (q, k, v, rows))
         if torch.is_grad_enabled() and needs_grad:

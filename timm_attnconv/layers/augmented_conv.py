@@ -72,9 +72,12 @@ def _folded_resize(x: torch.Tensor, height: int, width: int, channels_last: bool
     # the expression of the NCHW kernel: the same values to a rounding step (bit for bit on the CPU at AA's 2× and
     # on CUDA in bf16; not in fp32 on CUDA, an H200, session 46)
     batch, channels = x.shape[0], x.shape[1]
-    folded = x.reshape(1, batch * channels, x.shape[2], x.shape[3]).contiguous(memory_format=torch.channels_last)
-    out = F.interpolate(folded, size=(height, width), mode='bilinear', align_corners=False)
-    out = out.view(batch, channels, height, width)  # memory holds (h, w, B, C): laid out as the block expects
+    if batch == 0:  # no images fold into no channels, which the resize kernels refuse ("Non-empty 4D data tensor")
+        out = F.interpolate(x, size=(height, width), mode='bilinear', align_corners=False)
+    else:
+        folded = x.reshape(1, batch * channels, x.shape[2], x.shape[3]).contiguous(memory_format=torch.channels_last)
+        out = F.interpolate(folded, size=(height, width), mode='bilinear', align_corners=False)
+        out = out.view(batch, channels, height, width)  # memory holds (h, w, B, C): laid out as the block expects
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out.contiguous()
 
 

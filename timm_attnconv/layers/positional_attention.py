@@ -33,6 +33,8 @@ __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_a
 SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
 SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
+# the largest grid, in tokens, whose content attention 'auto' runs as explicit maps in an eager model on CUDA
+EXPLICIT_CUDA_TOKENS = 16 * 16
 
 
 def auto_path_rule(device_type: str) -> Tuple[int, str]:
@@ -47,17 +49,21 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
       Dense is never picked there.
     * ``cuda`` (H100, the per-head loop against dense): bf16 batch 256 at 16×16 tokens, dense 1.8× faster (18,758 vs
       10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
-      at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, in the batched form (all heads in one
-      contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against dense at
-      16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and again on
+      at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, first in the batched form (all heads
+      in one contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against
+      dense at 16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and again on
       an H100 in session 37: 1.07× / 1.02× / 1.32× (quadratic), 1.03× / 1.02× / 1.35× (learned). The values-first
       form was slower than the batched one there at every grid (0.93× / 0.98× / 1.27× against dense), so it stays
-      a form asked for by name.
+      a form asked for by name. Above 16×16 tokens the direct form (the batched row mix, each head's column mix
+      written in place) is faster still: on an H200 (session 63, the same command, quadratic / learned) 1.15× /
+      1.15× dense's speed at 32² and 1.58× / 1.61× at 48², against the batched form's 1.07× / 1.07× and 1.39× /
+      1.42× in the same run; at 16² it took 0.81× / 0.82× and the batched form 1.05× / 1.06×, within dense's
+      spread, so dense stays the choice there.
     * other devices keep what every device ran before this table: the loop, everywhere it is exact.
     """
     rules = {
         'cpu': (0, 'separable_loop'),
-        'cuda': (16 * 16, 'separable_batched'),
+        'cuda': (16 * 16, 'separable_direct'),
     }
     return rules.get(device_type, (0, 'separable_loop'))
 
@@ -97,20 +103,21 @@ class PositionalSelfAttention(AttentionLayer):
         attn_path: ``'dense'`` (the original algorithm: full ``(HW)²`` maps, one einsum over all heads, then
             ``proj_heads``), ``'separable'`` (exact factorised softmax; needs a separable, input-independent position
             term) or ``'auto'`` (the faster exact path for the input's device and grid, :func:`auto_path_rule`;
-            ``dense`` where separable is inexact). The separable algorithm has two forms, chosen per device by the
-            same table: a loop over heads that applies each head's value map as soon as its average is formed
-            (fastest on CPU) and all heads in one batched contraction (GPU-shaped); ``'separable_loop'`` and
-            ``'separable_batched'`` force one, ``'separable_values_first'`` a third form (value maps before the
-            averages: no heads·D-wide copy; for measurement) and ``'separable_direct'`` a fourth (the batched row
-            mix, then each head's column mix written in place into proj_heads' input; for measurement). A forced
-            separable path raises ``ValueError`` where it cannot run: at construction for an inexact position term,
-            in training while attention dropout is active.
+            ``dense`` where separable is inexact). The separable algorithm has four forms; the same table chooses
+            one per device: a loop over heads that applies each head's value map as soon as its average is formed
+            (``'separable_loop'``, fastest on CPU) and the direct form (``'separable_direct'``, fastest on CUDA: all
+            heads' row mix in one batched contraction, then each head's column mix written in place into
+            proj_heads' input). ``'separable_batched'`` (all heads in one contraction for both mixes) and
+            ``'separable_values_first'`` (value maps before the averages: no heads·D-wide copy) are there for
+            measurement; each name forces its form. A forced separable path raises ``ValueError`` where it cannot
+            run: at construction for an inexact position term, in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
             ``'sdpa_onehot'`` (row and column terms as query channels against one-hot key channels: SDPA without a
             mask), ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
-            ``'auto'`` (default: ``'flex'`` on CUDA where it can run, the least memory, else ``'sdpa'``, which a
-            compiled model on CUDA takes too; on CPU ``'sdpa_onehot'``, measured fastest there, or ``'sdpa'`` for a
+            ``'auto'`` (default: on CUDA, eager, the explicit maps up to 16×16 tokens, the fastest there, and
+            ``'flex'`` above where it can run, the least memory, else ``'sdpa'``, which a compiled model on CUDA
+            takes; on CPU ``'sdpa_onehot'``, measured fastest there, or ``'sdpa'`` for a
             dense position bias; the explicit maps wherever timm's fused attention is switched off). All agree to
             float rounding.
     """
@@ -325,7 +332,12 @@ class PositionalSelfAttention(AttentionLayer):
         # on CPU: SDPA without a mask where the position term has axis terms (1.10× SDPA with the bias as its mask at
         # inference, 1.14× in training; BENCHMARK.md), else with it
         cpu_kernel = 'sdpa' if dense_bias else 'sdpa_onehot'
-        return choose_kernel(self.attn_kernel, q, k, values, rows, cpu_kernel, dense_bias, dropout_p)
+        # on CUDA, eager: the explicit maps up to 16×16 tokens, the fastest kernel there within issue 18's 3 GB (an
+        # H200, bf16, batch 256, the inference form: 7,565 img/s at 1,966 MB; SDPA one-hot 0.86×, SDPA 0.82× at
+        # 6,804 MB, FlexAttention 0.58× at 1,228 MB). Larger grids take FlexAttention, which holds no (HW)² tensor
+        # where the maps grow as the grid's square (its speed there is not measured)
+        cuda_kernel = 'explicit' if q.shape[2] <= EXPLICIT_CUDA_TOKENS else 'flex'
+        return choose_kernel(self.attn_kernel, q, k, values, rows, cpu_kernel, dense_bias, dropout_p, cuda_kernel)
 
     def _attend_dense(self, x: torch.Tensor) -> torch.Tensor:
         batch, height, width, dim = x.shape
