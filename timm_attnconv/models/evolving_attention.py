@@ -356,8 +356,10 @@ EA_SA_NOTE = ('extension: evolving attention (Wang et al. 2021) on the Cordonnie
 
 default_cfgs = generate_default_cfgs({
     'ea_sa_learned_content_cifar': _sa_cfg(notes=(EA_SA_NOTE,), paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
-    'ea_sa_learned_content_tiny_cifar': _sa_cfg(notes=(EA_SA_NOTE, 'compact CPU-trainable twin, D=64'),
-                                               paper_ids='arXiv:1911.03584,arXiv:2102.12895'),
+    'ea_sa_learned_content_tiny_cifar.c10_40ep': _sa_cfg(
+        notes=(EA_SA_NOTE, 'compact twin, D=64; c10_40ep: 40 AdamW epochs from scratch on one H200 (two sessions), '
+               'the recipe of its base sa_learned_content_tiny_cifar.c10_40ep'),
+        paper_ids='arXiv:1911.03584,arXiv:2102.12895', hf_hub_id=hub_id('ea_sa_learned_content_tiny_cifar.c10_40ep')),
     'ea_aa_resnet20_cifar.c10': _cifar_cfg(
         'not in the papers: aa_resnet20_cifar with evolving attention in each AA stage; c10: 100 SGD epochs on 2 CPU '
         'cores, the recipe of aa_resnet20_cifar.c10', paper_ids='arXiv:1904.09925,arXiv:2102.12895',
