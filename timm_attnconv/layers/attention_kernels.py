@@ -38,10 +38,11 @@ Kernels (:data:`ATTN_KERNELS`):
   ``'sdpa_onehot'`` for attention-augmented convolution (AA-ResNet-50 on an H100, bf16: 1.16× the explicit maps'
   speed, FlexAttention 1.09×, SDPA with the bias as its mask 0.80×); for the content model the explicit maps up to
   16×16 tokens (an H200, bf16, batch 256: the fastest, at 1,966 MB; FlexAttention 0.58× at 1,228 MB) and
-  ``'flex'`` above where it can run (no ``N × N`` tensor where the maps grow as ``N²``), else ``'sdpa'``. In a ``torch.compile``'d model on CUDA ``'flex'`` for attention-augmented convolution (AA-ResNet-50
-  on an H100, bf16, compiled: 1.10× SDPA's speed with the least memory, 441 MB against 615; SDPA one-hot 0.96×) and
-  ``'sdpa'`` for the content model, whose FlexAttention inside a compiled graph on a GPU is not yet measured. The
-  explicit maps under tracing and ONNX export.
+  ``'flex'`` above where it can run (no ``N × N`` tensor where the maps grow as ``N²``), else ``'sdpa'``. In a
+  ``torch.compile``'d model on CUDA ``'flex'`` for attention-augmented convolution (AA-ResNet-50 on an H100, bf16,
+  compiled: 1.10× SDPA's speed with the least memory, 441 MB against 615; SDPA one-hot 0.96×) and ``'sdpa'`` for
+  the content model, whose FlexAttention inside a compiled graph on a GPU is not yet measured. The explicit maps
+  under tracing and ONNX export.
 """
 import functools
 import warnings

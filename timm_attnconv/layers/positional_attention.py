@@ -33,8 +33,6 @@ __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_a
 SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
 ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
 SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
-# the largest grid, in tokens, whose content attention 'auto' runs as explicit maps in an eager model on CUDA
-EXPLICIT_CUDA_TOKENS = 16 * 16
 
 
 def auto_path_rule(device_type: str) -> Tuple[int, str]:
@@ -51,14 +49,14 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
       10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
       at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, first in the batched form (all heads
       in one contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against
-      dense at 16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and again on
-      an H100 in session 37: 1.07× / 1.02× / 1.32× (quadratic), 1.03× / 1.02× / 1.35× (learned). The values-first
-      form was slower than the batched one there at every grid (0.93× / 0.98× / 1.27× against dense), so it stays
-      a form asked for by name. Above 16×16 tokens the direct form (the batched row mix, each head's column mix
-      written in place) is faster still: on an H200 (session 63, the same command, quadratic / learned) 1.15× /
-      1.15× dense's speed at 32² and 1.58× / 1.61× at 48², against the batched form's 1.07× / 1.07× and 1.39× /
-      1.42× in the same run; at 16² it took 0.81× / 0.82× and the batched form 1.05× / 1.06×, within dense's
-      spread, so dense stays the choice there.
+      dense at 16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and
+      again on an H100 in session 37: 1.07× / 1.02× / 1.32× (quadratic), 1.03× / 1.02× / 1.35× (learned). The
+      values-first form was slower than the batched one there at every grid (0.93× / 0.98× / 1.27× against dense),
+      so it stays a form asked for by name. Above 16×16 tokens the direct form (the batched row mix, each head's
+      column mix written in place) is faster still: on an H200 (session 63, the same command, quadratic / learned)
+      1.15× / 1.15× dense's speed at 32² and 1.58× / 1.61× at 48², against the batched form's 1.07× / 1.07× and
+      1.39× / 1.42× in the same run; at 16² it took 0.81× / 0.82× and the batched form 1.05× / 1.06×, within
+      dense's spread, so dense stays the choice there.
     * other devices keep what every device ran before this table: the loop, everywhere it is exact.
     """
     rules = {
@@ -117,9 +115,8 @@ class PositionalSelfAttention(AttentionLayer):
             mask), ``'flex'`` (FlexAttention adds the row and column terms inside the kernel: no ``(HW)²`` tensor) or
             ``'auto'`` (default: on CUDA, eager, the explicit maps up to 16×16 tokens, the fastest there, and
             ``'flex'`` above where it can run, the least memory, else ``'sdpa'``, which a compiled model on CUDA
-            takes; on CPU ``'sdpa_onehot'``, measured fastest there, or ``'sdpa'`` for a
-            dense position bias; the explicit maps wherever timm's fused attention is switched off). All agree to
-            float rounding.
+            takes; on CPU ``'sdpa_onehot'``, measured fastest there, or ``'sdpa'`` for a dense position bias; the
+            explicit maps wherever timm's fused attention is switched off). All agree to float rounding.
     """
 
     def __init__(
@@ -336,7 +333,7 @@ class PositionalSelfAttention(AttentionLayer):
         # H200, bf16, batch 256, the inference form: 7,565 img/s at 1,966 MB; SDPA one-hot 0.86×, SDPA 0.82× at
         # 6,804 MB, FlexAttention 0.58× at 1,228 MB). Larger grids take FlexAttention, which holds no (HW)² tensor
         # where the maps grow as the grid's square (its speed there is not measured)
-        cuda_kernel = 'explicit' if q.shape[2] <= EXPLICIT_CUDA_TOKENS else 'flex'
+        cuda_kernel = 'explicit' if q.shape[2] <= 16 * 16 else 'flex'  # a literal: TorchScript reads no int globals
         return choose_kernel(self.attn_kernel, q, k, values, rows, cpu_kernel, dense_bias, dropout_p, cuda_kernel)
 
     def _attend_dense(self, x: torch.Tensor) -> torch.Tensor:
