@@ -449,8 +449,9 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
             plot_training_curves(log, Path(tmp) / 'training_curves.png', f'{arch_tag}: CIFAR-10, {hardware}')
         subset = config.get('train_limit')
         finished = run['epochs_done'] >= config['epochs']
-        # a run without its checkpoint cannot be resumed: the command writes a new run folder
-        output = run_dir if run['resumable'] else f"training/{config['model']}"
+        # a run without its checkpoint cannot be resumed: the command writes a new run folder, named after the
+        # weights it makes so that it is never the folder of another run of the model (the trainer refuses those)
+        output = run_dir if run['resumable'] else f'training/{arch_tag}'
         command = training_command(config, output) + (f' \\\n    {extra_train_args}' if extra_train_args else '')
         if init_command:
             command = f'{init_command}\n{command}'
