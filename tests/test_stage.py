@@ -193,7 +193,8 @@ def test_a_weights_only_run_stages_in_half_precision_and_rebuilds_its_model(tmp_
 
     card = (folder / 'README.md').read_text()
     assert 'one test GPU' in card and '3 of 4 epochs' in card and 'not resumable' in card
-    assert 'stored as float16' in card and '--amp bf16' in card and '--output training/sa_quadratic_tiny_cifar.gpu ' in card
+    assert 'stored as float16' in card and '--amp bf16' in card
+    assert '--output training/sa_quadratic_tiny_cifar.gpu ' in card  # the weights' name: no other run's folder
     assert 'learning rate was 0.000333, 33.3% of its peak 0.001' in card
     assert (f"Staged with `python -m timm_attnconv.stage {tmp_path / 'run'} --tag gpu --dtype float16 --limit 32 "
             f"--batch-size 12 --hardware 'one test GPU' --extra-train-args '--amp bf16'`") in card
