@@ -358,6 +358,9 @@ default_cfgs = generate_default_cfgs({
     'attnconv_resnet20_cifar.c10_cpu_seed1': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_cpu_seed1: the command of c10_cpu at '
         'seed 1, a second sample of the same recipe', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10_cpu_seed1')),
+    'attnconv_resnet20_cifar.c10_cpu_seed2': _cifar_cfg(
+        'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_cpu_seed2: the command of c10_cpu at '
+        'seed 2, a third sample of the same recipe', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10_cpu_seed2')),
     'attnconv_resnet20_cifar.c10_2ep': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10_2ep: a 2-epoch CPU schedule (the '
         'trained CNN that Theorem 1 converts), not a converged baseline',
