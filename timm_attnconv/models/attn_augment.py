@@ -349,6 +349,9 @@ default_cfgs = generate_default_cfgs({
     'aa_resnet20_cifar.c10_cpu_seed1': _cifar_cfg(
         'not in the paper: compact CIFAR-10 twin; c10_cpu_seed1: the command of c10_cpu at seed 1, a second sample '
         'of the same recipe', hf_hub_id=hub_id('aa_resnet20_cifar.c10_cpu_seed1')),
+    'aa_resnet20_cifar.c10_cpu_seed2': _cifar_cfg(
+        'not in the paper: compact CIFAR-10 twin; c10_cpu_seed2: the command of c10_cpu at seed 2, a third sample '
+        'of the same recipe', hf_hub_id=hub_id('aa_resnet20_cifar.c10_cpu_seed2')),
     'attnconv_resnet20_cifar.c10': _cifar_cfg(
         'not in the paper: plain ResNet-20 baseline of aa_resnet20_cifar; c10: 100 SGD epochs on one H100, the '
         'recipe of aa_resnet20_cifar.c10', hf_hub_id=hub_id('attnconv_resnet20_cifar.c10')),
