@@ -1,5 +1,7 @@
 """Staging a training run as a Hub-layout weights folder with a recorded sha256."""
 import json
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -77,6 +79,32 @@ def test_a_card_lists_staged_folders_beside_it_with_how_their_recipes_differ(tmp
     with pytest.raises(FileNotFoundError, match='--beside sa_quadratic_cifar.none: no staged folder .* stage that run'):
         stage_main([str(run), '--tag', 'x'] + common + ['--beside', 'sa_quadratic_cifar.none'])
     assert not (tmp_path / 'weights' / 'sa_quadratic_cifar.x').exists()
+
+    # a folder staged later is added to an earlier card without its run: the card then reads as staged with it
+    same = tmp_path / 'weights' / 'sa_quadratic_cifar.same'
+    record = ['--record', str(tmp_path / 'sha.json')]
+    stage_main(['--add-beside', str(same), '--beside', 'sa_quadratic_cifar.bf16', 'sa_quadratic_cifar.base'] + record)
+    added = (same / 'README.md').read_text()
+    assert json.loads((tmp_path / 'sha.json').read_text())['timm-attnconv/sa_quadratic_cifar.same']['README.md'] == \
+        sha256_file(same / 'README.md')
+    stage_main([str(run), '--tag', 'same'] + common + ['--beside', 'sa_quadratic_cifar.base', 'sa_quadratic_cifar.bf16'])
+    assert added == (same / 'README.md').read_text()  # listed once, in the order a new stage would list them
+    for argv, error, match in (
+            (['--beside', 'sa_quadratic_cifar.same'], ValueError, 'does not list itself'),
+            (['--beside', 'sa_quadratic_cifar.none'], FileNotFoundError, 'no staged folder .* stage that run first')):
+        with pytest.raises(error, match=match):
+            stage_main(['--add-beside', str(same)] + argv + record)
+        assert (same / 'README.md').read_text() == added  # refused before anything was written
+
+
+def test_the_stage_command_of_every_staged_card_reads_back_as_written():
+    # --add-beside rewrites a card's stage command from its parsed options: they must give back what stage wrote
+    from timm_attnconv.stage import _parser, _stage_command
+    for card in sorted(WEIGHTS.glob('*/README.md')):
+        written = re.search(r'^Staged with `(.*)`\.$', card.read_text(), re.M).group(1)
+        args = _parser().parse_args(shlex.split(written)[3:])
+        assert _stage_command(args.run, args.tag, args.hardware, args.extra_train_args, args.init_command, args.weights,
+                              args.dtype, args.limit, args.batch_size, args.beside) == written, card.parent.name
 
 
 def test_recipe_differences_read_the_training_command_of_a_card():

@@ -3,6 +3,7 @@
     python -m timm_attnconv.stage training/sa_quadratic_tiny_cifar --tag c10
     python -m timm_attnconv.stage ../shared/runs/sa_quadratic_cifar-h100 --tag c10 --hardware 'one NVIDIA H100 80GB'
     python -m timm_attnconv.stage --refresh-config weights/sa_quadratic_cifar.c10   # after registering its tag
+    python -m timm_attnconv.stage --add-beside weights/aa_resnet20_cifar.c10 --beside attnconv_resnet20_cifar.c10
 
 A run is the ``--output`` folder of ``python -m timm_attnconv.train``: either its training checkpoint
 ``last.pth.tar``, or, for a run whose optimizer state was not kept, its weights as ``model.safetensors`` and / or
@@ -16,7 +17,8 @@ dtype). Then writes with timm's ``save_for_hf``: ``config.json`` (with the run's
 model as trained) and ``model.safetensors``; and beside them a model card ``README.md`` with Hugging Face metadata
 and the measured metrics, ``training_log.jsonl`` and ``training_curves.png``.
 ``--beside ARCH.TAG`` lists staged folders in the card's comparison with their test top-1, parameters and how their
-training commands differ from this run's (an EA twin beside its base, AA beside its plain twin).
+training commands differ from this run's (an EA twin beside its base, AA beside its plain twin). ``--add-beside``
+adds folders to the comparison of a card already staged, without its run: the card then reads as if staged with them.
 The sha256 of every file of the folder goes to ``timm_attnconv/weights_sha256.json``, which loads check.
 ``config.json`` carries the tag's cfg from ``default_cfgs``; a tag staged before it is registered there gets its
 arch's default cfg under the new tag, and ``--refresh-config`` rewrites the file once the tag is registered.
@@ -38,7 +40,7 @@ from . import cli
 from .constants import CHECKPOINT, CIFAR10_CLASSES, CONFIG_FILE, LOG, MANIFEST, RUN_CONFIG, WEIGHTS_FILE, WEIGHTS_FILES
 from .pretrained import SHA256_RECORD, record_folder, sha256_file
 
-__all__ = ['stage', 'refresh_config', 'training_command', 'plot_training_curves', 'main']
+__all__ = ['stage', 'refresh_config', 'add_beside', 'training_command', 'plot_training_curves', 'main']
 
 # a half-precision copy is stored when it changes top-1 by at most this many points and keeps this share of top-1s
 MAX_TOP1_CHANGE = 0.05
@@ -513,6 +515,44 @@ def refresh_config(folder: os.PathLike, record: os.PathLike = SHA256_RECORD) -> 
     return json.loads(path.read_text()) != written
 
 
+def add_beside(folder: os.PathLike, names: Sequence[str], record: os.PathLike = SHA256_RECORD) -> List[str]:
+    """Add the staged folders ``names`` (``<arch>.<tag>`` beside ``folder``) to the comparison of ``folder``'s card
+    and rewrite its rows and its stage command, as staging its run again with them added to ``--beside`` would, but
+    without the run or a new evaluation: the card's own training command and the folders' cards give the rows. Its
+    sha256 goes to ``record``. Returns the card's ``--beside`` list as now written."""
+    folder = Path(folder)
+    card_path = folder / 'README.md'
+    if not card_path.is_file():
+        raise FileNotFoundError(f'--add-beside {folder}: no model card there; name a folder that stage wrote')
+    card = card_path.read_text()
+    staged_with = re.search(r'^Staged with `(python -m timm_attnconv\.stage .*)`\.$', card, re.M)
+    reproduce = re.search(r'Reproduce.*?```bash\n(.*?)```', card, re.S)
+    if staged_with is None or reproduce is None:
+        raise ValueError(f'--add-beside {folder}: its card shows no stage or training command; stage its run again '
+                         f'with --beside')
+    args = _parser().parse_args(shlex.split(staged_with.group(1))[3:])
+    beside = [*args.beside, *[name for name in dict.fromkeys(names) if name not in args.beside]]
+    if folder.name in beside:
+        raise ValueError(f'--beside {folder.name}: a card does not list itself beside itself')
+    rows = []
+    for name in beside:  # every row anew: a folder restaged since shows its top-1 as now staged
+        if not (folder.parent / name / 'README.md').is_file():
+            raise FileNotFoundError(f'--beside {name}: no staged folder {folder.parent / name} with a model card; '
+                                    f'stage that run first')
+        rows.append(_beside_row(folder.parent / name, reproduce.group(1)))
+    lines = card.splitlines(keepends=True)
+    own = next(i for i, line in enumerate(lines) if line.startswith(f'| {folder.name} (this file'))
+    end = own + 1
+    while lines[end].startswith('| ') and not lines[end].startswith('| paper, '):  # the rows of --beside
+        end += 1
+    command = _stage_command(args.run, args.tag, args.hardware, args.extra_train_args, args.init_command,
+                             args.weights, args.dtype, args.limit, args.batch_size, beside)
+    card = ''.join(lines[:own + 1] + rows + lines[end:]).replace(staged_with.group(0), f'Staged with `{command}`.')
+    card_path.write_text(card)
+    record_folder(folder, record)
+    return beside
+
+
 def _hub_model_config(weights_dtype: str) -> Dict[str, Any]:
     # what config.json holds beside timm's own fields: the class names and the stored dtype
     return dict(label_names=list(CIFAR10_CLASSES), weights_dtype=weights_dtype)
@@ -574,7 +614,7 @@ def _tag(text: str) -> str:
     return text
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = cli.parser(__spec__.name, __doc__.split('\n\n')[0])
     parser.add_argument('run', nargs='?', help='output folder of `python -m timm_attnconv.train` (last.pth.tar, or '
                                                'model.safetensors / ema.safetensors with config.json; log.jsonl)')
@@ -582,6 +622,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--refresh-config', nargs='+', metavar='FOLDER', default=None,
                         help='instead: rewrite config.json of staged folders from the cfgs default_cfgs registers for '
                              'them (a tag staged before it was registered carries its arch\'s default cfg there)')
+    parser.add_argument('--add-beside', metavar='FOLDER', default=None,
+                        help="instead: add the folders of --beside to the comparison of this staged folder's card")
     parser.add_argument('--weights', choices=('auto', 'model', 'ema'), default='auto',
                         help='which weights to ship; auto: the better of the two on the test set')
     parser.add_argument('--dtype', choices=('auto', *STORAGE_DTYPES), default='auto',
@@ -603,6 +645,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument('--batch-size', type=cli.positive_int, default=500,
                         help='images per forward pass when evaluating (on 2 CPU cores sa_learned_content_cifar ran '
                              'at 3.8 img/s in batches of 50, 2.0 in batches of 200)')
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.refresh_config:
         if args.run or args.tag:
@@ -610,6 +657,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         changed = {folder: refresh_config(folder, args.record) for folder in args.refresh_config}
         print(json.dumps(dict(changed=changed), indent=2))
         return changed
+    if args.add_beside:
+        if args.run or args.tag or not args.beside:
+            parser.error('--add-beside takes a staged folder and the folders to add with --beside, not a run or --tag')
+        result = dict(folder=args.add_beside, beside=add_beside(args.add_beside, args.beside, args.record))
+        print(json.dumps(result, indent=2))
+        return result
     if not args.run or not args.tag:
         parser.error('stage a run: python -m timm_attnconv.stage RUN --tag TAG')
     result = stage(args.run, args.tag, args.weights, args.out, args.data_dir, args.limit, args.record, args.dtype,
