@@ -206,6 +206,22 @@ def recipe_differences(theirs: Dict[str, str], ours: Dict[str, str]) -> List[str
     return [f'{shown(theirs, k)} there, {shown(ours, k)} here' for k in keys if theirs.get(k) != ours.get(k)]
 
 
+def _card_training_command(card: str) -> Optional[str]:
+    # the command of a card's Reproduce block (:func:`_model_card`), None for a card without one
+    reproduce = re.search(r'Reproduce.*?```bash\n(.*?)```', card, re.S)
+    return reproduce and reproduce.group(1)
+
+
+def _beside_folders(out_dir: os.PathLike, names: Sequence[str]) -> List[Path]:
+    # the staged folders --beside names, each checked before anything is evaluated or written
+    folders = [Path(out_dir) / name for name in names]
+    for folder in folders:
+        if not (folder / 'README.md').is_file():
+            raise FileNotFoundError(f'--beside {folder.name}: no staged folder {folder} with a model card; stage '
+                                    f'that run first, or name a folder in --out')
+    return folders
+
+
 def _beside_row(folder: Path, command: str) -> str:
     """The card's comparison row of the staged ``folder`` (``<arch>.<tag>``, written by :func:`stage`): its test
     top-1 and parameters from its own card and config, and its recipe against this run's training ``command``."""
@@ -220,11 +236,11 @@ def _beside_row(folder: Path, command: str) -> str:
     config = json.loads((folder / CONFIG_FILE).read_text())
     model = timm.create_model(config['architecture'], **config.get('model_args', {}))
     params = sum(p.numel() for p in model.parameters())
-    reproduce = re.search(r'Reproduce.*?```bash\n(.*?)```', card.text, re.S)
+    reproduce = _card_training_command(card.text)
     if reproduce is None:
         recipe = 'its card shows no training command'
     else:
-        differences = recipe_differences(training_options(reproduce.group(1)), training_options(command))
+        differences = recipe_differences(training_options(reproduce), training_options(command))
         recipe = ('the same training recipe' if not differences else
                   'its recipe differs: ' + '; '.join(differences))
     return f'| {folder.name} (staged; {recipe}) | {top1:.2f}% | {params / 1e6:.3f}M |\n'
@@ -421,11 +437,7 @@ def stage(run_dir: str, tag: str, weights: str = 'auto', out_dir: str = 'weights
         raise ValueError(f"dtype must be 'auto' or one of {', '.join(STORAGE_DTYPES)}, got {dtype!r}")
     run = _read_run(run_dir)
     config, log = run['config'], run['log']
-    beside_folders = [Path(out_dir) / name for name in beside]
-    for folder in beside_folders:  # before the evaluations: a wrong name fails at once
-        if not (folder / 'README.md').is_file():
-            raise FileNotFoundError(f'--beside {folder.name}: no staged folder {folder} with a model card; stage '
-                                    f'that run first, or name a folder in --out')
+    beside_folders = _beside_folders(out_dir, beside)  # before the evaluations: a wrong name fails at once
     if init_command and not (config.get('init_from') or '').endswith('.safetensors'):
         raise ValueError(f"--init-command names the command that wrote the run's --init-from weights file, but "
                          f"{run_dir!r} started from {config.get('init_from')!r}: drop --init-command")
@@ -526,7 +538,7 @@ def add_beside(folder: os.PathLike, names: Sequence[str], record: os.PathLike = 
         raise FileNotFoundError(f'--add-beside {folder}: no model card there; name a folder that stage wrote')
     card = card_path.read_text()
     staged_with = re.search(r'^Staged with `(python -m timm_attnconv\.stage .*)`\.$', card, re.M)
-    reproduce = re.search(r'Reproduce.*?```bash\n(.*?)```', card, re.S)
+    reproduce = _card_training_command(card)
     if staged_with is None or reproduce is None:
         raise ValueError(f'--add-beside {folder}: its card shows no stage or training command; stage its run again '
                          f'with --beside')
@@ -534,12 +546,8 @@ def add_beside(folder: os.PathLike, names: Sequence[str], record: os.PathLike = 
     beside = [*args.beside, *[name for name in dict.fromkeys(names) if name not in args.beside]]
     if folder.name in beside:
         raise ValueError(f'--beside {folder.name}: a card does not list itself beside itself')
-    rows = []
-    for name in beside:  # every row anew: a folder restaged since shows its top-1 as now staged
-        if not (folder.parent / name / 'README.md').is_file():
-            raise FileNotFoundError(f'--beside {name}: no staged folder {folder.parent / name} with a model card; '
-                                    f'stage that run first')
-        rows.append(_beside_row(folder.parent / name, reproduce.group(1)))
+    # every row anew: a folder restaged since shows its top-1 as now staged
+    rows = [_beside_row(path, reproduce) for path in _beside_folders(folder.parent, beside)]
     lines = card.splitlines(keepends=True)
     own = next(i for i, line in enumerate(lines) if line.startswith(f'| {folder.name} (this file'))
     end = own + 1
