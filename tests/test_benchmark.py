@@ -218,24 +218,22 @@ def test_training_steps_through_each_kernel_on_cpu(capsys):
 def test_evolution_layouts_end_to_end_on_cpu(capsys):
     rows = benchmark.main(['--evolution-layouts', '--models', 'ea_aa_resnet20_cifar', '--sizes', '16',
                            '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device', 'cpu'])
-    assert [r['evolution conv'] for r in rows] == ['auto', 'channels_last', 'nchw', 'channels_last_padded',
-                                                   'shifted_sum', 'triton', 'triton_matmul', 'triton_attention',
-                                                   'triton_attention_from_logits']
+    assert [r['evolution conv'] for r in rows] == ['auto', 'channels_last', 'triton']
     assert rows[0]['speed'] == 1.0
     for row in rows[1:]:
         assert row['speed_min'] <= row['speed'] <= row['speed_max']
-        assert row['max_abs_diff'] < 1e-5  # the same convolution, run another way
-    nchw_line, = [line for line in capsys.readouterr().out.splitlines() if ' nchw ' in line]
-    assert RATIO.search(nchw_line)
+        assert row['max_abs_diff'] < 1e-5  # the same update, run another way
+    line, = [line for line in capsys.readouterr().out.splitlines() if ' channels_last ' in line]
+    assert RATIO.search(line)
     # named layouts: those, in that order (the first is the one the others are timed against)
-    args = benchmark.parse_args(['--evolution-layouts', 'shifted_sum', 'channels_last', '--models', 'ea_aa_resnet50'])
-    assert args.evolution_layouts == ['shifted_sum', 'channels_last']
+    args = benchmark.parse_args(['--evolution-layouts', 'triton', 'channels_last', '--models', 'ea_aa_resnet50'])
+    assert args.evolution_layouts == ['triton', 'channels_last']
     with pytest.raises(SystemExit):
         benchmark.parse_args(['--evolution-layouts', 'nhwc', '--models', 'ea_aa_resnet50'])
 
 
 def test_an_ea_model_against_its_base_in_a_named_evolution_layout(capsys, monkeypatch):
-    # --evolution-layout: the --versus pairs' EA models in that layout (the GPU targets with the fused attention)
+    # --evolution-layout: the --versus pairs' EA models in that layout (the GPU targets with the reference update)
     layouts = []
     original = benchmark.set_evolution_layout
 
@@ -243,27 +241,26 @@ def test_an_ea_model_against_its_base_in_a_named_evolution_layout(capsys, monkey
         layouts.append((type(model).__name__, layout, sum(1 for _ in model.modules())))
         return original(model, layout)
     monkeypatch.setattr(benchmark, 'set_evolution_layout', recording)
-    rows = benchmark.main(['--versus', 'ea_aa_resnet20_cifar:aa_resnet20_cifar', '--evolution-layout', 'shifted_sum',
+    rows = benchmark.main(['--versus', 'ea_aa_resnet20_cifar:aa_resnet20_cifar', '--evolution-layout', 'channels_last',
                            '--sizes', '16', '--batch-size', '2', '--iters', '2', '--max-warmup', '2', '--device',
                            'cpu'])
     assert len(rows) == 1 and rows[0]['time_ratio_min'] <= rows[0]['time_ratio'] <= rows[0]['time_ratio_max']
-    assert [layout for _, layout, _ in layouts] == ['shifted_sum', 'shifted_sum']
+    assert [layout for _, layout, _ in layouts] == ['channels_last', 'channels_last']
     assert layouts[0][2] > layouts[1][2]  # the EA model, then its base (no evolution modules)
     with pytest.raises(SystemExit):
-        benchmark.parse_args(['--evolution-layout', 'triton_attention', '--models', 'ea_aa_resnet50'])
+        benchmark.parse_args(['--evolution-layout', 'triton', '--models', 'ea_aa_resnet50'])
     assert '--evolution-layout sets the layout of the --versus pairs' in capsys.readouterr().err
 
 
 def test_training_steps_through_each_evolution_layout_on_cpu(capsys):
-    # (shifted_sum's compiled-alone training step is tested in test_layers_evolving: compiling its backward for a
-    # whole model takes half a minute here)
-    rows = benchmark.main(['--train', '--evolution-layouts', 'channels_last', 'nchw', '--models',
+    # with a gradient 'triton' runs the reference update, as 'channels_last' does
+    rows = benchmark.main(['--train', '--evolution-layouts', 'channels_last', 'triton', '--models',
                            'ea_aa_resnet20_cifar', '--batch-size', '2', '--iters', '2', '--max-warmup', '2',
                            '--device', 'cpu'])
-    assert [r['evolution conv'] for r in rows] == ['channels_last', 'nchw']
+    assert [r['evolution conv'] for r in rows] == ['channels_last', 'triton']
     assert rows[0]['speed'] == 1.0 and rows[1]['img_s'] > 0 and rows[1]['speed_min'] <= rows[1]['speed_max']
     out = capsys.readouterr().out
-    line, = [line for line in out.splitlines() if ' nchw ' in line]
+    line, = [line for line in out.splitlines() if ' triton ' in line]
     assert RATIO.search(line) and ("speed: the step time of channels_last (where it cannot run, the next evolution "
                                    "conv that can) / this evolution conv's step time.") in out
 

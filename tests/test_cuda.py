@@ -116,8 +116,7 @@ def test_a_training_step_under_bf16_autocast_stays_finite(name):
 
 @pytest.mark.parametrize('name, size', [('sa_quadratic_cifar', 32), ('sa_quadratic_cifar', 48),
                                         ('sa_learned_cifar', 48)])
-@pytest.mark.parametrize('path', ['separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct',
-                                  'auto'])
+@pytest.mark.parametrize('path', ['separable_loop', 'separable_direct', 'auto'])
 def test_every_sa_path_gives_the_dense_results_on_the_device(name, size, path):
     # 32 px: a 16×16 grid ('auto' takes dense on CUDA); 48 px: 24×24 (the direct separable form)
     model, x = _small(name, size=size)
@@ -191,15 +190,10 @@ def test_a_pooled_aa_layers_upsample_is_interpolate_on_the_device(dtype, channel
 
 
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-# with gradients 'triton_matmul' and the fused attentions run as 'triton' does (channels_last): the checks below run
-# their kernels
-@pytest.mark.parametrize('layout', [layout for layout in EVOLUTION_LAYOUTS[1:]
-                                    if layout not in ('triton_matmul', 'triton_attention',
-                                                      'triton_attention_from_logits')])
+# with gradients 'triton' runs as 'channels_last' does: the checks below run its kernel
+@pytest.mark.parametrize('layout', EVOLUTION_LAYOUTS[1:])
 @pytest.mark.parametrize('compiled', [False, True], ids=['eager', 'compiled'])
 def test_every_evolution_layout_gives_the_default_results_on_the_device(name, layout, compiled):
-    # the shifted sums run as inductor's own kernel on the device (compiled alone in the eager model, or in the
-    # compiled model's graph), not cuDNN's: the forms the benchmark times
     model, x = _small(name)
     model, x = model.to(DEVICE), x.to(DEVICE)
     default = _logits_and_grads(model, x)
@@ -209,11 +203,9 @@ def test_every_evolution_layout_gives_the_default_results_on_the_device(name, la
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize('matmul', [False, True], ids=['multiply_adds', 'matmul'])
-def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype, matmul):
+def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype):
     # the maps of EA-DeiT-S (6 heads, 197 tokens) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens), r and c as
-    # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16 (and
-    # gets the matrix products wrong in bf16)
+    # released and not; the CPU suite checks the kernel through Triton's interpreter, which truncates to bf16
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_reason, fused_evolve
@@ -223,11 +215,10 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
         logits, prev = (3 * torch.randn(2, 8, heads, tokens, tokens, device=DEVICE)).to(dtype).unbind(0)
         weight, bias = 0.3 * torch.randn(heads, heads, 3, 3, device=DEVICE), torch.randn(heads, device=DEVICE)
         with torch.no_grad():
-            assert fused_evolution_unsupported_reason(logits, prev, weight, matmul) is None
-            out = fused_evolve(logits, prev, weight, bias, residual, conv_weight, matmul)
-            expected = _evolve(logits, prev, weight, bias, residual, conv_weight, 1, 'channels_last')
-            exact = _evolve(logits.double(), prev.double(), weight.double(), bias.double(), residual, conv_weight, 1,
-                            'channels_last')
+            assert fused_evolution_unsupported_reason(logits, prev, weight) is None
+            out = fused_evolve(logits, prev, weight, bias, residual, conv_weight)
+            expected = _evolve(logits, prev, weight, bias, residual, conv_weight, 1)
+            exact = _evolve(logits.double(), prev.double(), weight.double(), bias.double(), residual, conv_weight, 1)
         if dtype == torch.float32:
             torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
             continue
@@ -242,88 +233,24 @@ def test_the_triton_evolution_kernel_is_the_reference_update_on_the_device(dtype
                                                                      reference_error.mean().item())
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize('from_logits', [False, True], ids=['formed', 'read'])
-def test_the_fused_attention_kernel_is_the_reference_attention_on_the_device(dtype, from_logits):
-    # 'triton_attention' (S formed in the kernel) and 'triton_attention_from_logits' (S read) on the layers of
-    # EA-DeiT-S (6 heads, 197 tokens, 64 channels) and EA-AA-ResNet-50 (8 heads, 196 and 49 tokens; 40 and 32
-    # query/key channels with the relative logits, 4 and 8 value channels), r and c as released and not: the explicit
-    # path's logits and output
-    if DEVICE.type != 'cuda':
-        pytest.skip('the Triton kernel runs on CUDA')
-    from timm_attnconv.layers.evolution_kernel import (
-        fused_attention_unsupported_reason, fused_evolving_attention, fused_evolving_attention_from_logits,
-        fused_logits_attention_unsupported_reason)
-    from timm_attnconv.layers.evolving import _evolve
-    torch.manual_seed(0)
-
-    def attention(q, k, v, prev, weight, bias, residual, conv_weight):
-        logits = _evolve(q @ k.transpose(-1, -2), prev, weight.to(q.dtype), bias.to(q.dtype), residual, conv_weight,
-                         1, 'channels_last')
-        return logits.softmax(-1, dtype=q.dtype) @ v, logits
-
-    for heads, tokens, qk_dim, v_dim, residual, conv_weight in ((6, 197, 64, 64, 0.5, 1.0), (8, 196, 40, 4, 0.5, 1.0),
-                                                                (8, 49, 32, 8, 0.3, 0.6)):
-        q, k = (torch.randn(2, 8, heads, tokens, qk_dim, device=DEVICE) / qk_dim ** 0.25).to(dtype).unbind(0)
-        v = torch.randn(8, heads, tokens, v_dim, device=DEVICE).to(dtype)
-        prev = (3 * torch.randn(8, heads, tokens, tokens, device=DEVICE)).to(dtype)
-        weight, bias = 0.3 * torch.randn(heads, heads, 3, 3, device=DEVICE), torch.randn(heads, device=DEVICE)
-        args = (weight, bias, residual, conv_weight)
-        with torch.no_grad():
-            if from_logits:
-                s = q @ k.transpose(-1, -2)  # the layer's own S
-                assert fused_logits_attention_unsupported_reason(s, v, prev, weight) is None
-                out, logits = fused_evolving_attention_from_logits(s, v, prev, *args)
-            else:
-                assert fused_attention_unsupported_reason(q, k, v, prev, weight) is None
-                out, logits = fused_evolving_attention(q, k, v, prev, *args)
-            expected_out, expected_logits = attention(q, k, v, prev, *args)
-            exact_out, exact_logits = attention(q.double(), k.double(), v.double(), prev.double(), weight.double(),
-                                                bias.double(), residual, conv_weight)
-        if dtype == torch.float32:
-            torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(out, expected_out, rtol=1e-5, atol=1e-5)
-            continue
-        # held to the reference's accuracy against the exact attention (the update's check above says why), with
-        # the rounding of S = q kᵀ and of the probabilities (the kernel rounds them unnormalised) on top
-        for got, expected, exact, mean_ratio in ((logits, expected_logits, exact_logits, 1.1),
-                                                 (out, expected_out, exact_out, 1.25)):
-            kernel_error, reference_error = (got.double() - exact).abs(), (expected.double() - exact).abs()
-            assert kernel_error.max() <= 2 * reference_error.max(), (heads, tokens, kernel_error.max().item(),
-                                                                     reference_error.max().item())
-            assert kernel_error.mean() <= mean_ratio * reference_error.mean(), (
-                heads, tokens, kernel_error.mean().item(), reference_error.mean().item())
-
-
 @pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
-@pytest.mark.parametrize('layout', ['auto', 'triton', 'triton_matmul', 'triton_attention',
-                                    'triton_attention_from_logits'])
+@pytest.mark.parametrize('layout', ['auto', 'triton'])
 def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name, layout, monkeypatch):
-    # 'auto', the default layout, takes the update's kernel where it runs, as 'triton' and 'triton_matmul' do;
-    # the fused attentions their kernel in every evolved layer
+    # 'auto', the default layout, takes the update's kernel where it runs, as 'triton' does
     if DEVICE.type != 'cuda':
         pytest.skip('the Triton kernel runs on CUDA')
     from timm_attnconv.layers import evolving
-    calls = {'fused_evolve_or_none': [], 'fused_evolving_attention_or_none': [],
-             'fused_evolving_attention_from_logits_or_none': []}
+    ran, kernel = [], evolving.fused_evolve_or_none
 
-    def counting(function):
-        original = getattr(evolving, function)
-
-        def count(*args):
-            fused = original(*args)
-            calls[function].append(fused is not None)
-            return fused
-        return count
-    for function in calls:
-        monkeypatch.setattr(evolving, function, counting(function))
+    def counting(*args):
+        evolved = kernel(*args)
+        ran.append(evolved is not None)
+        return evolved
+    monkeypatch.setattr(evolving, 'fused_evolve_or_none', counting)
     model, x = _small(name)
     model, x = model.to(DEVICE), x.to(DEVICE)
     variant = set_evolution_layout(copy.deepcopy(model), layout)
     reference = set_evolution_layout(model, 'channels_last')
-    kernel = dict(triton_attention='fused_evolving_attention_or_none',
-                  triton_attention_from_logits='fused_evolving_attention_from_logits_or_none')
-    ran = calls[kernel.get(layout, 'fused_evolve_or_none')]
     with torch.inference_mode():
         _assert_near(variant(x), reference(x), f'{name}, {layout}, fp32')
         assert ran and all(ran), 'the Triton kernel did not run (or failed: see the warnings)'
@@ -339,7 +266,7 @@ EMPTY_BATCH_CHOICES = (
     + [(name, ('kernel', kernel)) for name in ('aa_resnet20_cifar', 'sa_learned_content_cifar')
        for kernel in ('sdpa', 'sdpa_onehot', 'flex')]
     + [(name, ('layout', layout)) for name in ('ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224')
-       for layout in ('triton', 'triton_matmul', 'triton_attention', 'triton_attention_from_logits')])
+       for layout in ('triton',)])
 
 
 @pytest.mark.parametrize('name, choice', EMPTY_BATCH_CHOICES, ids=str)

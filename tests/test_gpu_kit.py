@@ -218,7 +218,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
     op_profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(op_profile)
     profiles = [op_profile.parse_args(argv[1:]) for argv in argvs if argv[0] == 'training/gpu/op_profile.py']
-    assert [args.compile for args in profiles] == [False, False, False, False, True]
+    assert [args.compile for args in profiles] == [False, False, False, True]
     for args in profiles:
         assert args.device == 'cpu' and args.shapes
         assert all(name in timm.list_models() for name, _ in args.models), args.models
@@ -228,7 +228,7 @@ def test_every_benchmark_step_is_a_valid_command(tmp_path):
     assert ('ea_aa_resnet50', {'evolve': False}) in profiles[0].models
     assert profiles[1].img_size == 96 and ('sa_quadratic_cifar', {'attn_path': 'dense'}) in profiles[1].models
     assert profiles[2].batch_size == 256 and profiles[2].models == [('sa_learned_content_cifar', {})]
-    assert profiles[3].evolution_layout == 'triton_attention' and profiles[0].evolution_layout is None
+    assert all(args.evolution_layout is None for args in profiles)
 
 
 def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_it(tmp_path):
@@ -248,7 +248,7 @@ def test_benchmark_starts_no_step_once_its_budget_is_spent_and_status_waits_for_
     status = kit('status.sh', '60', env=env)
     assert bench.poll() is not None and '== benchmark: done' in status and status.endswith(
         'skipped (the budget of 11 s is spent): python3 -m timm_attnconv.benchmark --device cpu --amp bf16 --iters 2 '
-        '--evolution-layouts triton triton_attention_from_logits --models ea_aa_resnet50 --batch-size 128\n')
+        '--train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256\n')
     printed = bench.communicate()[0]
     assert bench.returncode == 0 and printed == (tmp_path / 'out' / 'benchmark.txt').read_text()
     ran = [line for line in printed.splitlines() if line.startswith('$ python3 -m timm_attnconv.benchmark')]
@@ -285,11 +285,9 @@ def test_benchmark_runs_the_chosen_steps_and_names_the_others(tmp_path):
         assert ran == [every_step[k - 1] for k in chosen]
         assert calls.read_text().count('timm_attnconv.benchmark') == len(ran)
     assert 'deit_ea_small_patch16_224:deit_small_patch16_224' in every_step[6]  # step 7: session 32's budget ended
-    # steps 20 and 21: new in session 39, both forms of the kernel since session 42, the fused attention since 43
-    assert '--evolution-layouts channels_last triton triton_matmul triton_attention' in every_step[19]
-    # steps 27 and 28: the EA targets with the fused attention (session 43); 29 and 30: its form that reads S (44)
-    assert all('--evolution-layout triton_attention' in every_step[k] for k in (26, 27)) and len(every_step) == 30
-    assert all('--evolution-layouts triton triton_attention_from_logits' in every_step[k] for k in (28, 29))
+    # steps 20 and 21: new in session 39, EA's Triton kernel against the reference update
+    assert all('--evolution-layouts channels_last triton --models' in every_step[k] for k in (19, 20))
+    assert len(every_step) == 25
     assert '--compile --kernels sdpa sdpa_onehot flex' in every_step[21]
     assert '--compile --models sa_quadratic_cifar sa_learned_cifar --sizes 96' in every_step[11]
     # a step that autotunes EA's Triton kernels compiles: it gets 150 s, and is left out under 60 s of budget

@@ -1,6 +1,5 @@
 """The EA update against a literal per-element reading of Wang et al. (2021), the chain rules, and the timm API the
 EA layers build on."""
-import warnings
 import weakref
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from timm_attnconv.layers import (
     EVOLUTION_LAYOUTS, AAConv2d, AttentionEvolution, ChainedAttention, link_chain, set_evolution_layout)
 from timm_attnconv.layers import evolving
 from timm_attnconv.layers.evolving import TIMM_TESTED, check_timm_api
-from timm_attnconv.layers.kernel_failures import KernelFailures
 
 from .kernels import recording
 
@@ -45,90 +43,32 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
             out = set_evolution_layout(ea, layout)(s, prev)
             torch.testing.assert_close(out, expected)
             assert out.is_contiguous()
+            torch.testing.assert_close(torch.jit.script(ea)(s, prev), expected)
 
 
-def test_the_layout_switch_reaches_the_convolution(monkeypatch):
+def test_the_layout_switch_reaches_the_update(monkeypatch):
     ea = AttentionEvolution(3)
     s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
-    conv, seen = evolving._conv, []
+    conv, kernel, seen = evolving._conv_in_maps_dtype, evolving.fused_evolve_or_none, []
 
-    def recording_conv(maps, weight, bias, padding, layout):
-        seen.append((layout, maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous(),
-                     maps.shape[1], tuple(weight.shape[:2])))
-        return conv(maps, weight, bias, padding, layout)
+    def recording_conv(maps, weight, bias, padding):
+        seen.append(('conv', maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous()))
+        return conv(maps, weight, bias, padding)
 
-    def recording_fused(*args):
-        seen.append('compiled alone')
-        return evolving._evolve(*args, 'shifted_sum')
-    monkeypatch.setattr(evolving, '_conv', recording_conv)
-    monkeypatch.setattr(evolving, '_fused_update', recording_fused)
+    def recording_kernel(*args):
+        seen.append('kernel')
+        return kernel(*args)
+    monkeypatch.setattr(evolving, '_conv_in_maps_dtype', recording_conv)
+    monkeypatch.setattr(evolving, 'fused_evolve_or_none', recording_kernel)
     with torch.no_grad():
         for layout in EVOLUTION_LAYOUTS:
             set_evolution_layout(torch.nn.Sequential(ea), layout)  # found inside a model
             ea(s, prev)
-    # 3 heads padded to 8 channels; the shifted sums, compiled alone in an eager model, take the maps as they come;
-    # the Triton kernels do not run on CPU tensors (outside their interpreter): 'auto', 'triton', 'triton_matmul' and
-    # the fused attentions (called with the logits: the layer did not fuse its attention) run channels_last
-    channels_last = ('channels_last', True, 3, (3, 3))
-    assert seen == [channels_last, channels_last, ('nchw', False, 3, (3, 3)), ('channels_last_padded', True, 8, (8, 8)),
-                    'compiled alone', ('shifted_sum', False, 3, (3, 3)), channels_last, channels_last, channels_last,
-                    channels_last]
-    with pytest.raises(ValueError, match="layout must be one of \\('auto', 'channels_last', 'nchw', "
-                                         "'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul', "
-                                         "'triton_attention', 'triton_attention_from_logits'\\)"):
+    # 'auto' and 'triton' ask for the Triton kernel, which does not run on CPU tensors (outside its interpreter):
+    # they, and 'channels_last' without asking, run the reference convolution over channels_last maps
+    assert seen == ['kernel', ('conv', True), ('conv', True), 'kernel', ('conv', True)]
+    with pytest.raises(ValueError, match="layout must be one of \\('auto', 'channels_last', 'triton'\\)"):
         set_evolution_layout(ea, 'nhwc')
-
-
-def test_shifted_sums_that_cannot_compile_fall_back_to_the_convolution_with_a_warning(monkeypatch):
-    def failing():
-        def compiled(*args):
-            raise RuntimeError('InductorError: no C++ compiler\nmore lines')
-        return compiled
-    monkeypatch.setattr(evolving, '_compiled_evolve', failing)
-    monkeypatch.setattr(evolving, '_FUSION_FAILURES', KernelFailures())
-    ea = AttentionEvolution(3, 0.3, 0.6)
-    s, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
-    with torch.no_grad():
-        expected = ea(s, prev)
-        set_evolution_layout(ea, 'shifted_sum')
-        with pytest.warns(UserWarning, match=r"'shifted_sum' .* could not be compiled on cpu for torch.float32 "
-                                             r"\(RuntimeError: InductorError: no C\+\+ compiler\); .* "
-                                             r"'channels_last' there"):
-            torch.testing.assert_close(ea(s, prev), expected)
-        with warnings.catch_warnings():
-            warnings.simplefilter('error')  # said once: later calls go straight to the convolution
-            torch.testing.assert_close(ea(s, prev), expected)
-
-
-@pytest.mark.parametrize('layout', ['channels_last_padded', 'shifted_sum'])
-def test_every_layout_trains_like_the_plain_convolution(layout):
-    # gradients through the zero-padded NHWC copy and the sliced output, or through the shifted sums: those of NCHW
-    grads = []
-    for each in ('nchw', layout):
-        torch.manual_seed(0)
-        ea = set_evolution_layout(AttentionEvolution(3, 0.3, 0.6), each)
-        s, prev = torch.randn(2, 3, 7, 7, requires_grad=True), torch.randn(2, 3, 7, 7)
-        ea(s, prev).square().sum().backward()
-        grads.append((s.grad, ea.conv.weight.grad, ea.conv.bias.grad))
-    for plain, other in zip(*grads):
-        torch.testing.assert_close(other, plain)
-    with torch.no_grad():  # and scripted
-        torch.testing.assert_close(torch.jit.script(ea)(s, prev), ea(s, prev))
-
-
-def test_compiled_shifted_sums_are_one_kernel_with_the_mix_and_relu():
-    # the reason the layout exists: inductor fuses mix, shifted products, bias and ReLU into one kernel (the
-    # convolution of the other layouts is a library call of its own, with the mix and ReLU in kernels around it)
-    from torch._inductor import metrics
-    ea = set_evolution_layout(AttentionEvolution(3, 0.3), 'shifted_sum')
-    torch.nn.init.normal_(ea.conv.bias)
-    s, prev = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
-    torch._dynamo.reset()
-    metrics.reset()
-    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False):  # count kernels written, not cached
-        out = torch.compile(ea, fullgraph=True)(s, prev)
-        torch.testing.assert_close(out, set_evolution_layout(ea, 'nchw')(s, prev))
-    assert metrics.generated_kernel_count == 1
 
 
 def _aa(grid, heads=2):

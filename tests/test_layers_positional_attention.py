@@ -124,7 +124,7 @@ def test_an_unknown_position_term_lists_the_registered_ones():
         PositionalSelfAttention(8, 2, position='sinusoid')
 
 
-EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_direct')
 
 
 @pytest.mark.parametrize('position', ['quadratic', 'learned'])
@@ -174,8 +174,6 @@ def test_every_exact_path_gives_the_same_output_and_gradients(position):
     # forced algorithms are taken as asked
     ('dense', 'cuda', (48, 48), 'dense'),
     ('separable_loop', 'cuda', (48, 48), 'separable_loop'),
-    ('separable_batched', 'cpu', (2, 2), 'separable_batched'),
-    ('separable_values_first', 'cuda', (16, 16), 'separable_values_first'),
     ('separable_direct', 'cpu', (48, 48), 'separable_direct'),
 ])
 def test_the_rule_table_picks_the_path(attn_path, device_type, grid, expected):
@@ -188,17 +186,17 @@ def test_the_layer_applies_the_rule_at_each_call_from_the_input(monkeypatch):
 
     def cuda_rule_on_cpu(device_type):
         calls.append(device_type)
-        return 16 * 16, 'separable_batched'
+        return 16 * 16, 'separable_direct'
 
     monkeypatch.setattr(positional_attention, 'auto_path_rule', cuda_rule_on_cpu)
     assert attn._algorithm(torch.randn(1, 16, 16, 8)) == 'dense'
-    assert attn._algorithm(torch.randn(1, 16, 17, 8)) == 'separable_batched'
+    assert attn._algorithm(torch.randn(1, 16, 17, 8)) == 'separable_direct'
     assert calls == ['cpu', 'cpu']
     attn.train()  # attention dropout is off in this layer: training keeps the fast path
-    assert attn._algorithm(torch.randn(1, 32, 32, 8)) == 'separable_batched'
+    assert attn._algorithm(torch.randn(1, 32, 32, 8)) == 'separable_direct'
 
 
-@pytest.mark.parametrize('path', ['separable', 'separable_loop', 'separable_batched'])
+@pytest.mark.parametrize('path', ['separable', 'separable_loop', 'separable_direct'])
 def test_a_forced_separable_path_that_cannot_run_says_why(path):
     with pytest.raises(ValueError, match=f"attn_path='{path}' needs an input-independent row.column"):
         PositionalSelfAttention(8, 2, position='quadratic_gen', attn_path=path)
@@ -212,8 +210,8 @@ def test_a_forced_separable_path_that_cannot_run_says_why(path):
 
 def test_set_attn_path_forces_a_separable_form_only_where_exact():
     model = torch.nn.Sequential(PositionalSelfAttention(8, 2), PositionalSelfAttention(8, 2, position='quadratic_gen'))
-    set_attn_path(model, 'separable_batched')
-    assert [layer.attn_path for layer in model] == ['separable_batched', 'auto']
+    set_attn_path(model, 'separable_direct')
+    assert [layer.attn_path for layer in model] == ['separable_direct', 'auto']
     with pytest.raises(ValueError, match='attn_path must be one of'):
         set_attn_path(model, 'batched')
 

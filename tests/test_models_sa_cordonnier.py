@@ -73,7 +73,7 @@ def test_original_checkpoint_gives_original_logits(tmp_path, name, variant, kwar
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         expected = original.forward(sd, x, variant)
-        for path_name in ('dense', 'auto', 'separable_batched'):  # separable_batched: 'auto' where inexact
+        for path_name in ('dense', 'auto', 'separable_direct'):  # separable_direct: 'auto' where inexact
             set_attn_path(model, path_name)
             torch.testing.assert_close(model(x), expected, rtol=0, atol=1e-5)
 
@@ -139,11 +139,11 @@ def test_separable_path_equals_dense_path(name, size):
     x = torch.randn(2, 3, *size)
     with torch.no_grad():
         outputs = {}
-        for path_name in ('dense', 'separable', 'separable_batched'):
+        for path_name in ('dense', 'separable', 'separable_direct'):
             set_attn_path(model, path_name)
             outputs[path_name] = model(x)
     torch.testing.assert_close(outputs['separable'], outputs['dense'], rtol=0, atol=2e-5)
-    torch.testing.assert_close(outputs['separable_batched'], outputs['dense'], rtol=0, atol=2e-5)
+    torch.testing.assert_close(outputs['separable_direct'], outputs['dense'], rtol=0, atol=2e-5)
 
 
 def test_separable_path_refused_where_inexact():

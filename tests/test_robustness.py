@@ -43,9 +43,7 @@ def test_output_is_correct_and_finite_or_the_error_is_clear(name, batch, height,
 
 
 def _evolution_cases(name, **kwargs):
-    # 'shifted_sum' compiles its update per map shape (tens of seconds here): slow
-    return [pytest.param(name, dict(kwargs, layout=layout), marks=[pytest.mark.slow] * (layout == 'shifted_sum'))
-            for layout in EVOLUTION_LAYOUTS]
+    return [(name, dict(kwargs, layout=layout)) for layout in EVOLUTION_LAYOUTS]
 
 
 # every named path and kernel of each family, with its model's forward options

@@ -9,8 +9,7 @@ For every model and input size, in one process on one machine:
 
 Both get the same weights; the table gives images/s, peak memory above the idle process and ``max |Δ logits|``,
 and the ratios (memory: peak tensor allocations of one forward pass). ``--paths`` instead times the exact algorithms
-of the separable SA models against each other, ``dense``, ``separable_loop`` (one head at a time),
-``separable_batched`` (all heads in one contraction), ``separable_values_first`` (value maps first) and
+of the separable SA models against each other, ``dense``, ``separable_loop`` (one head at a time) and
 ``separable_direct`` (each head's columns written in place into the value maps' input), and prints the one
 ``attn_path='auto'`` takes on the device: the measurement behind ``timm_attnconv.layers.auto_path_rule``.
 
@@ -35,14 +34,12 @@ img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a
 (FlexAttention without a CPU backward, a dtype it lacks) is listed with the reason instead. ``--evolution-layouts``
 times an evolving-attention model with each way of running the update over its attention maps
 (``timm_attnconv.layers.set_evolution_layout``; or those named): ``'auto'`` (the default: the Triton kernel at
-inference on CUDA, else channels_last), the convolution in channels_last (measured faster on CPU), in NCHW memory
-format, channels_last with the heads zero-padded to 8 channels, as shifted multiply-adds that inductor fuses into one
-kernel, the whole update as one Triton kernel, its convolution as multiply-adds or as matrix products (inference on
-CUDA; channels_last elsewhere), and each evolved layer's whole attention as one Triton kernel, forming its logits
-or reading them (likewise); likewise (with ``--train``, their training steps). ``--evolution-layout`` runs the EA
-models of ``--versus`` pairs in one such layout (``--versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs
-'{"evolve": false}' --evolution-layout triton_attention``). With ``--reparameterize`` both time each model's
-inference form (``reparameterize_model``), the form the fast side of the original-vs-fast comparison runs.
+inference on CUDA, else channels_last), the reference convolution over channels_last maps, and the whole update as
+one Triton kernel (inference on CUDA; channels_last elsewhere) (with ``--train``, their training steps).
+``--evolution-layout`` runs the EA models of ``--versus`` pairs in one such layout (``--versus
+ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --evolution-layout channels_last``). With
+``--reparameterize`` both time each model's inference form (``reparameterize_model``), the form the fast side of the
+original-vs-fast comparison runs.
 
 With CIFAR-10 available (``--data-dir``), it also checks that bf16 autocast keeps the fp32 top-1 predictions on real
 test images.
@@ -82,7 +79,7 @@ ORIGINAL_R_BUFFER_MB = 50 ** 4 * 5 * 4 / 2 ** 20  # float32 (50, 50, 50, 50, 5) 
 WARMUP_TOLERANCE = 0.05
 MAX_WARMUP = 8
 # the exact algorithms of a separable SA layer, as --paths times them; the first is the reference of the ratios
-EXACT_PATHS = ('dense', 'separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
+EXACT_PATHS = ('dense', 'separable_loop', 'separable_direct')
 
 
 @contextmanager
@@ -694,9 +691,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "timm's train.py and benchmark.py --channels-last run convolutional nets on GPUs")
     parser.add_argument('--paths', action='store_true',
                         help='instead: time the exact attention algorithms (dense, separable_loop, '
-                             'separable_batched, separable_values_first, separable_direct) of the separable SA '
-                             'models (or --models) '
-                             'against each other, and show the one attn_path=auto takes on this device')
+                             'separable_direct) of the separable SA models (or --models) against each other, and '
+                             'show the one attn_path=auto takes on this device')
     parser.add_argument('--versus', nargs='*', type=_model_pair, default=None, metavar='MODEL:BASELINE',
                         help='instead: inference time and memory of models against baselines as ratios '
                              '(default pair aa_resnet50:resnet50; use --sizes 224 320)')
@@ -704,13 +700,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help='instead: inference of --models with each attention kernel (default: explicit sdpa '
                              'sdpa_onehot flex; speed is relative to the first)')
     parser.add_argument('--evolution-layouts', nargs='*', choices=EVOLUTION_LAYOUTS, default=None,
-                        help='instead: inference of --models (evolving-attention models) with the convolution over '
-                             'their attention maps in each of these layouts (default: all, the default first: auto, '
-                             'channels_last, NCHW, channels_last with the heads zero-padded to a multiple of 8 '
-                             'channels, shifted multiply-adds fused into one kernel, the update as one Triton '
-                             'kernel at inference on CUDA, its convolution as multiply-adds or as matrix products, '
-                             'and the whole attention of each evolved layer as one, forming its logits or reading '
-                             'them); speed is relative to the first')
+                        help='instead: inference of --models (evolving-attention models) with the update of their '
+                             'attention maps in each of these layouts (default: all, the default first: auto, '
+                             'channels_last, the update as one Triton kernel at inference on CUDA); speed is '
+                             'relative to the first')
     parser.add_argument('--evolution-layout', choices=EVOLUTION_LAYOUTS, default=None,
                         help='with --versus: every evolving-attention model of the pairs with its maps\' update in '
                              'this layout (default: the models\' own, auto)')

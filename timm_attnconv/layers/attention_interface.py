@@ -42,21 +42,6 @@ class AttentionLayer(nn.Module):
         """``(output, logits to hand on)`` of this layer inside an evolving-attention chain."""
         raise NotImplementedError(f'{type(self).__name__} cannot run inside an evolving-attention chain')
 
-    def fused_evolved_attention(
-            self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: Optional[torch.Tensor],
-            rows: Optional[torch.Tensor] = None, cols: Optional[torch.Tensor] = None,
-    ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """``(output of the heads, logits to hand on)`` through ``evolve``'s fused kernel
-        (:meth:`~timm_attnconv.layers.AttentionEvolution.attend`: the fused-attention layouts) where it runs and
-        the layer need not form its maps; the logits pass through ``logits_tap``. Else ``None``: the layer forms them.
-        Call it outside TorchScript (``if not torch.jit.is_scripting()``)."""
-        if self.evolve is None or self.form_maps:
-            return None
-        fused = self.evolve.attend(q, k, v, prev, rows, cols)
-        if fused is not None:
-            self.logits_tap(fused[1])  # a hook there reads the maps
-        return fused
-
     @contextmanager
     def explicit_maps(self) -> Iterator['AttentionLayer']:
         """Within the block, every call forms the attention maps and passes the logits through ``logits_tap``."""

@@ -72,7 +72,7 @@ _CPU_HAS_AVX2 = torch.backends.cpu.get_cpu_capability() in ('AVX2', 'AVX512')
 # in shared memory: for the 400-channel heads of sa_learned_content_cifar (Triton pads them to 512) that asked for
 # 264,192 bytes on an H100, which has 232,448 per block. One stage asks for half as much.
 FLEX_WIDE_HEAD_DIM = 256
-# Shapes a kernel compiled alone in an eager model (FlexAttention here, EA's shifted sums) is compiled for before
+# Shapes a kernel compiled alone in an eager model (FlexAttention) is compiled for before
 # dynamo gives up and runs its function uncompiled. Dynamo's own limit (recompile_limit, 8) counts every shape, grad
 # mode and dtype of the one function: aa_resnet50 attends at 3 shapes per batch size, so training plus evaluation at
 # two batch sizes already passes 8.

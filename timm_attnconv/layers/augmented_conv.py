@@ -252,10 +252,6 @@ class AAConv2d(AttentionLayer):
         self._check_input(x)
         q, k, v, grid = self._qkv(x)
         rows, cols = self._relative_terms(q, grid)
-        if not torch.jit.is_scripting():
-            fused = self.fused_evolved_attention(q, k, v, prev, rows, cols)
-            if fused is not None:
-                return self._output(x, fused[0], grid), fused[1]
         logits = relative_logits(q, k, 1.0, rows, cols)  # q is already scaled, the relative logits with it
         # the scaled queries and the axis terms are in the logits now: not held while the maps are evolved and
         # softmaxed, the layer's peak (EA-AA-ResNet-20, batch 64: 8 MB more with them, BENCHMARK.md)

@@ -19,10 +19,8 @@ checkpointing, FX, TorchScript, ``forward_intermediates`` and replication stay c
 ViT ``Block``) call their attention with ``x`` alone; their EA subclasses keep timm's forward pass and reach the
 attention layer through its :class:`ChainSlot` for the duration of one block call.
 """
-import functools
 import inspect
-import warnings
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -32,27 +30,18 @@ from timm.layers import Attention, register_notrace_module
 from torch.utils.checkpoint import checkpoint
 
 from .attention_interface import AttentionLayer
-from .attention_kernels import attention_probs, relative_logits, run_compiled_alone, with_axis_channels
+from .attention_kernels import attention_probs
 from .augmented_conv import AAConv2d
-from .evolution_kernel import (
-    fused_attention_unsupported_reason, fused_evolve_or_none, fused_evolving_attention_from_logits_or_none,
-    fused_evolving_attention_or_none, fused_logits_attention_unsupported_reason)
+from .evolution_kernel import fused_evolve_or_none
 from .forward_errors import raise_value_error
-from .kernel_failures import KernelFailed, KernelFailures
 
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
-# how the convolution over the maps runs (AttentionEvolution.conv_layout), the default first: 'auto', three memory
-# formats of F.conv2d, 'shifted_sum', the same convolution laid out as elementwise multiply-adds of shifted maps,
-# 'triton' and 'triton_matmul', the whole update in one Triton kernel where it can run (inference on CUDA), its
-# convolution as multiply-adds or as matrix products, and 'triton_attention', the layer's whole attention with the
-# update in one Triton kernel, or 'triton_attention_from_logits', all of it but the layer's S = q kᵀ
-# (evolution_kernel.py)
-EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'nchw', 'channels_last_padded', 'shifted_sum', 'triton', 'triton_matmul',
-                     'triton_attention', 'triton_attention_from_logits')
-# 'channels_last_padded' pads the heads to a multiple of this many channels
-CONV_CHANNEL_MULTIPLE = 8
+# how the update runs (AttentionEvolution.conv_layout), the default first: 'auto', 'channels_last' (the reference:
+# F.conv2d over channels_last maps) and 'triton' (the whole update in one Triton kernel where it can run, inference on
+# CUDA, evolution_kernel.py)
+EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'triton')
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
 TIMM_TESTED = ('1.0.28', '1.0.31')
 
@@ -69,10 +58,9 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
-        # how the convolution over the maps runs, one of EVOLUTION_LAYOUTS (set_evolution_layout): few channels on a
-        # large N×N image. 'auto': the Triton kernel for inference on CUDA (an H100, bf16: EA-DeiT-S 1.51× and
-        # EA-AA-ResNet-50 1.12× the speed of channels_last), channels_last elsewhere (on CPU the convolution alone ran
-        # 2.6× faster channels_last than NCHW, whole models up to 1.1×; BENCHMARK.md)
+        # how the update runs, one of EVOLUTION_LAYOUTS (set_evolution_layout). 'auto': the Triton kernel for
+        # inference on CUDA (an H100, bf16: EA-DeiT-S 1.51× and EA-AA-ResNet-50 1.12× the speed of channels_last),
+        # channels_last elsewhere
         self.conv_layout = 'auto'
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
@@ -90,183 +78,51 @@ class AttentionEvolution(nn.Module):
         # a Python int, also under torch.jit.trace (fvcore), where torch 2.8 passed one derived from the traced
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
-        layout = self.conv_layout
-        # a literal: TorchScript reads no global tuple (the fused attentions where the layer did not fuse it)
-        takes_kernel = layout in ['auto', 'triton', 'triton_matmul', 'triton_attention', 'triton_attention_from_logits']
         if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
-            if layout == 'shifted_sum':
-                # the update compiled alone (a compiled model's graph takes it in, fused there)
-                return _fused_update(logits, prev, weight, bias, residual, conv_weight, padding)
-            if takes_kernel:
-                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight,
-                                               layout == 'triton_matmul')
+            if self.conv_layout != 'channels_last':
+                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
                 if evolved is not None:
                     return evolved
-        if takes_kernel:
-            layout = 'channels_last'  # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
-        return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, layout)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prev: Optional[torch.Tensor],
-               rows: Optional[torch.Tensor] = None, cols: Optional[torch.Tensor] = None
-               ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """``(softmax(L) v, L)`` with ``L = self(S, prev)``, ``S = q kᵀ`` (``q`` scaled) plus the axis terms ``rows``
-        and ``cols`` where given (:func:`~timm_attnconv.layers.relative_logits`), where the layout fuses the attention
-        and its kernel can run (inference on CUDA, outside a compiled graph); else ``None``, and the layer forms its
-        logits and calls this module (the same result up to rounding). ``'triton_attention'``: one Triton kernel that
-        writes neither ``S`` nor the probabilities (:func:`~timm_attnconv.layers.evolution_kernel.
-        fused_evolving_attention`); ``'triton_attention_from_logits'``: ``S`` by the layer's matrix product, then one
-        kernel that writes ``L`` only (:func:`~timm_attnconv.layers.evolution_kernel.
-        fused_evolving_attention_from_logits`)."""
-        layout = self.conv_layout
-        if layout not in ('triton_attention', 'triton_attention_from_logits') or self.training or prev is None:
-            return None
-        weight = self.conv.weight
-        from_logits = layout == 'triton_attention_from_logits'
-        # asked before S or the axis channels are built (and before shapes a trace may hold as values); S's dtype is
-        # asked again once it exists
-        reason = (fused_logits_attention_unsupported_reason(q, v, prev, weight) if from_logits
-                  else fused_attention_unsupported_reason(q, k, v, prev, weight))
-        if reason is not None:
-            return None
-        if prev.shape != (q.shape[0], q.shape[1], q.shape[2], q.shape[2]):
-            return None  # forward's error says what is wrong
-        update = (weight, self.conv.bias, self.evolve_residual, self.evolve_conv_weight)
-        if from_logits:
-            return fused_evolving_attention_from_logits_or_none(relative_logits(q, k, 1.0, rows, cols), v, prev,
-                                                                *update)
-        if rows is not None and cols is not None:
-            q, k = with_axis_channels(q, k, 1.0, rows, cols)
-        return fused_evolving_attention_or_none(q, k, v, prev, *update)
+        # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
+        return _evolve(logits, prev, weight, bias, residual, conv_weight, padding)
 
 
 def _evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-            residual: float, conv_weight: float, padding: int, layout: str) -> torch.Tensor:
+            residual: float, conv_weight: float, padding: int) -> torch.Tensor:
     """The EA update ``(S, L_prev) → L`` of the module docstring with the convolution ``(weight, bias)`` (zero
-    ``padding``, the same size out) run in ``layout`` (one of :data:`EVOLUTION_LAYOUTS`), in the dtype of the maps."""
+    ``padding``, the same size out) over channels_last maps, in the dtype of the maps."""
     # M = (1 − r)·S + r·L_prev: one pass with one rounding in the maps' dtype (three with mul, mul, add); lerp
-    # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op
-    mixed = torch.lerp(logits, prev.to(logits.dtype), residual)
-    if layout == 'channels_last':
-        mixed = mixed.contiguous(memory_format=torch.channels_last)
-    evolved = F.relu(_convolve(mixed, weight, bias, padding, layout), inplace=True)  # its backward needs no output
+    # does not promote dtypes, and a chain's layers all form their logits alike, so the cast is a no-op. Heads as
+    # channels, few of them on a large N×N image: on CPU the convolution alone ran 2.6× faster channels_last than
+    # NCHW, whole models up to 1.1× (BENCHMARK.md)
+    mixed = torch.lerp(logits, prev.to(logits.dtype), residual).contiguous(memory_format=torch.channels_last)
+    evolved = F.relu(_conv_in_maps_dtype(mixed, weight, bias, padding), inplace=True)  # its backward needs no output
     if conv_weight != 1.:
         evolved = torch.lerp(mixed, evolved, conv_weight)  # c·conv + (1 − c)·M
     return evolved.contiguous()  # the layout the softmax over keys wants
 
 
-def _convolve(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int, layout: str,
-              channel_multiple: int = CONV_CHANNEL_MULTIPLE) -> torch.Tensor:  # (a default TorchScript can read)
-    if layout != 'channels_last_padded':
-        # no slice of all channels: torch 2.8's ONNX exporter (onnxscript 0.6.1) failed on that no-op
-        return _conv_in_maps_dtype(maps, weight, bias, padding, layout)
-    # zero channels up to a multiple of 8, the channel counts tensor-core convolutions are built for (6 heads in
-    # EA-DeiT-S): zero inputs with zero weights add nothing, and the extra outputs are sliced off
-    heads = maps.shape[1]
-    channels = -(-heads // channel_multiple) * channel_multiple
-    weight = F.pad(weight, (0, 0, 0, 0, 0, channels - heads, 0, channels - heads))
-    bias = F.pad(bias, (0, channels - heads)) if bias is not None else None
-    return _conv_in_maps_dtype(_zero_padded_channels_last(maps, channels), weight, bias, padding, layout)[:, :heads]
-
-
-def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int,
-                        layout: str) -> torch.Tensor:
+def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int
+                        ) -> torch.Tensor:
     # Autocast would run the convolution in its own dtype: maps in another one (fp32 logits of position-only
     # quadratic scores under bf16 autocast) were cast down here and promoted back by the next mix, a round trip
     # per layer. Run it in the maps' dtype: bf16 maps (every product of q·k under autocast) are unchanged.
     if torch.jit.is_scripting():
         # TorchScript ignores autocast contexts in scripted code: under autocast the conv keeps autocast's dtype
-        return _conv(maps, weight, bias, padding, layout).to(maps.dtype)
+        return F.conv2d(maps, weight, bias, padding=padding).to(maps.dtype)
     bias = bias.to(maps.dtype) if bias is not None else None
     with torch.autocast(maps.device.type, enabled=False):
-        return _conv(maps, weight.to(maps.dtype), bias, padding, layout)
-
-
-def _conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int, layout: str
-          ) -> torch.Tensor:
-    if layout == 'shifted_sum':
-        return _shifted_sum_conv(maps, weight, bias, padding)
-    return F.conv2d(maps, weight, bias, padding=padding)
-
-
-def _shifted_sum_conv(maps: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], padding: int
-                      ) -> torch.Tensor:
-    """``F.conv2d(maps, weight, bias, padding=padding)`` for a ``k × k`` kernel, ``k = 2·padding + 1``, written as
-    the ``k²·H`` products of a shifted input map with one weight per output channel, summed.
-
-    Only elementwise operations, which inductor fuses, with the mix before and the ReLU after, into one kernel over
-    the maps. A convolution is a library call it cannot fuse, and on a GPU cuDNN's 3×3 convolution over so few
-    channels (6 or 8 heads) was EA's largest cost (BENCHMARK.md's EA profiles). Run uncompiled, this form would launch
-    ``2·k²·H`` kernels over the maps: :func:`_fused_update` compiles it in an eager model."""
-    out_channels, in_channels, k = weight.shape[0], weight.shape[1], 2 * padding + 1
-    height, width = maps.shape[-2], maps.shape[-1]
-    padded = F.pad(maps, (padding, padding, padding, padding))  # the convolution's zero padding
-    out = torch.zeros_like(maps[:, :1]) if bias is None else bias.view(1, out_channels, 1, 1)
-    for i in range(k):
-        for j in range(k):
-            for c in range(in_channels):
-                shifted = padded[:, c:c + 1, i:i + height, j:j + width]  # (B, 1, N, N): input map c moved by (i, j)
-                out = out + shifted * weight[:, c, i, j].view(1, out_channels, 1, 1)
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _compiled_evolve() -> Callable[..., torch.Tensor]:
-    # static shapes, one kernel each: a model has few (its map sizes, batch sizes, grad modes), and inductor's
-    # dynamic-shape compile of the update's backward took 10× as long on CPU
-    return torch.compile(_evolve, dynamic=False)
-
-
-# (device type, dtype) → why inductor could not compile the fused update there
-_FUSION_FAILURES = KernelFailures()
-
-
-def _fused_update(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  residual: float, conv_weight: float, padding: int) -> torch.Tensor:
-    """:func:`_evolve` with the shifted sums, compiled alone: one kernel for the whole update in an eager model. Where
-    inductor cannot compile it (a CPU without a C++ compiler, a GPU without Triton), the same update through the
-    convolution, with a warning the first time."""
-    where = (logits.device.type, logits.dtype)
-    if _FUSION_FAILURES.cause(where) is None:
-        try:
-            return _FUSION_FAILURES.run(where, run_compiled_alone, _compiled_evolve(), logits, prev, weight, bias,
-                                        residual, conv_weight, padding, 'shifted_sum')
-        except KernelFailed as failure:
-            warnings.warn(f"the 'shifted_sum' evolution layout could not be compiled on {where[0]} for {where[1]} "
-                          f"({failure}); these layers run their convolution in 'channels_last' there (the same "
-                          f"update)", stacklevel=3)
-    return _evolve(logits, prev, weight, bias, residual, conv_weight, padding, 'channels_last')
-
-
-def _zero_padded_channels_last(maps: torch.Tensor, channels: int) -> torch.Tensor:
-    # (B, H, N, N) → (B, channels, N, N) in channels_last, the extra channels zero: one pass over the maps, as the
-    # conversion to channels_last alone is
-    batch, heads, height, width = maps.shape
-    padded = torch.empty((batch, channels, height, width), dtype=maps.dtype, device=maps.device,
-                         memory_format=torch.channels_last)
-    padded[:, heads:].zero_()
-    padded[:, :heads].copy_(maps)
-    return padded
+        return F.conv2d(maps, weight.to(maps.dtype), bias, padding=padding)
 
 
 def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
-    """Run the evolution convolution of every :class:`AttentionEvolution` of ``model`` over its maps in ``layout``,
-    one of :data:`EVOLUTION_LAYOUTS`: ``'auto'`` (the default: ``'triton'`` where its kernel runs, else
-    ``'channels_last'``), ``'channels_last'``, ``'nchw'``, ``'channels_last_padded'`` (the heads zero-padded to a
-    multiple of 8 channels) or ``'shifted_sum'`` (no convolution call: elementwise products of shifted maps, which
-    inductor fuses with the mix and ReLU into one kernel: in a compiled model's graph, and in an eager model compiled
-    alone, once per map shape) or ``'triton'`` (mix, convolution, bias and ReLU in one Triton kernel that reads each
-    map once: :mod:`~timm_attnconv.layers.evolution_kernel`; for inference on CUDA outside a compiled graph, elsewhere
-    ``'channels_last'``) or ``'triton_matmul'`` (that kernel with the convolution as matrix products, on tensor cores
-    in half precision) or ``'triton_attention'`` (where that kernel runs, each evolved layer's whole attention, its
-    logits, update, softmax and values, in one Triton kernel that writes the evolved logits only:
-    :func:`~timm_attnconv.layers.evolution_kernel.fused_evolving_attention`; elsewhere as ``'triton'``) or
-    ``'triton_attention_from_logits'`` (the same kernel reading the logits of the layer's own matrix product instead
-    of forming them again for each tap of the convolution). The same
-    update, up to the rounding of sums in another order; the faster layout depends on
-    the device, the number of heads and on compilation (BENCHMARK.md): the shifted sums won only on the CPU, eager,
-    with 4 heads (EA-AA-ResNet-20: 1.28×); on an H100 they lost to channels_last on EA-DeiT-S (0.77× eager, 0.62×
-    compiled), and the Triton kernel won (bf16 inference: EA-DeiT-S 1.51×, EA-AA-ResNet-50 1.12×; its matrix-product
-    form and the fused attention not measured yet). Returns ``model``."""
+    """Run the update of every :class:`AttentionEvolution` of ``model`` in ``layout``, one of
+    :data:`EVOLUTION_LAYOUTS`: ``'auto'`` (the default) and ``'triton'`` run mix, convolution, bias and ReLU in one
+    Triton kernel that reads each map once (:mod:`~timm_attnconv.layers.evolution_kernel`) where it runs, inference on
+    CUDA outside a compiled graph, and ``'channels_last'`` elsewhere; ``'channels_last'`` always runs the reference
+    (``F.conv2d`` over channels_last maps). The same update, up to the rounding of sums in another order: on an H200
+    (bf16 inference) the kernel ran EA-DeiT-S 1.33× as fast as the reference and EA-AA-ResNet-50 level with it
+    (BENCHMARK.md, session 63). Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
         raise ValueError(f'layout must be one of {EVOLUTION_LAYOUTS}, got {layout!r}')
     for module in model.modules():
@@ -394,8 +250,7 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
     """timm's ViT ``Attention`` (its parameters, their names and initialisation) as a member of an EA chain.
 
     The maps are convolved and handed on (Wang et al. 2021, §3), so this layer forms its logits explicitly, class
-    token included, never through timm's fused kernel (SDPA): :meth:`forward_chain` is its attention (with the
-    evolution layout ``'triton_attention'``, EA's own fused kernel, which writes the logits it hands on). It equals
+    token included, never through timm's fused kernel (SDPA): :meth:`forward_chain` is its attention. It equals
     timm's unfused ``Attention`` at a chain start (tested), so a timm release that changes that forward fails the tests
     loudly.
     """
@@ -421,10 +276,6 @@ class ChainedAttention(ChainSlot, AttentionLayer, Attention):
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q) * self.scale, self.k_norm(k)
-        if not torch.jit.is_scripting():
-            fused = self.fused_evolved_attention(q, k, v, prev)
-            if fused is not None:
-                return self._project(x, fused[0]), fused[1]
         logits = q @ k.transpose(-2, -1)
         del q, k  # the scaled queries, a (B, heads, N, d) tensor, not held at the maps' peak (BENCHMARK.md)
         if self.evolve is not None:

@@ -1,11 +1,10 @@
 """What a fused kernel failed on, so that no input of that kind tries it again.
 
-Three fused forms compile or build a kernel on first use and keep a reference form beside it: FlexAttention's compiled
-kernel (:mod:`.attention_kernels`), the shifted sums of EA's update compiled alone (:mod:`.evolving`) and the Triton
-kernel of EA's update (:mod:`.evolution_kernel`). Each can fail where the reference runs: Triton's shared memory on a
-given GPU, a missing C++ compiler, a dynamo or inductor error. Each try costs compilations, so a failure is remembered
-per kind of input (a key each form chooses) with its cause, and the form's caller runs the reference there, warning,
-or raises where the user forced the fused form.
+Two fused forms compile or build a kernel on first use and keep a reference form beside it: FlexAttention's compiled
+kernel (:mod:`.attention_kernels`) and the Triton kernel of EA's update (:mod:`.evolution_kernel`). Each can fail where
+the reference runs: Triton's shared memory on a given GPU, a missing C++ compiler, a dynamo or inductor error. Each try
+costs compilations, so a failure is remembered per kind of input (a key each form chooses) with its cause, and the
+form's caller runs the reference there, warning, or raises where the user forced the fused form.
 """
 from typing import Callable, Dict, Hashable, Optional, TypeVar
 

@@ -30,7 +30,7 @@ from .attention_kernels import (
 __all__ = ['PositionalSelfAttention', 'ATTN_PATHS', 'auto_path_rule', 'resolve_attn_path', 'set_attn_path']
 
 # what attn_path may ask for; each of SEPARABLE_FORMS forces one form of the separable algorithm (benchmarks, tests)
-SEPARABLE_FORMS = ('separable_loop', 'separable_batched', 'separable_values_first', 'separable_direct')
+SEPARABLE_FORMS = ('separable_loop', 'separable_direct')
 ATTN_PATHS = ('auto', 'dense', 'separable') + SEPARABLE_FORMS
 SEPARABLE_PATHS = ('separable',) + SEPARABLE_FORMS
 
@@ -42,21 +42,15 @@ def auto_path_rule(device_type: str) -> Tuple[int, str]:
     The one place the choice lives. Its rows, and why:
 
     * ``cpu``: the per-head loop beat the dense algorithm at every grid measured (16×16 tokens included: 1.39× and
-      1.63× the original algorithm's speed in two interleaved runs, fp32, batch 64); the batched form only matched
-      the loop at inference, was slower in training and holds heads·D-wide intermediates the loop never builds.
-      Dense is never picked there.
+      1.63× the original algorithm's speed in two interleaved runs, fp32, batch 64) and every other separable form
+      tried (BENCHMARK.md). Dense is never picked there.
     * ``cuda`` (H100, the per-head loop against dense): bf16 batch 256 at 16×16 tokens, dense 1.8× faster (18,758 vs
-      10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster; fp32 batch 64, the loop 1.01× / 1.72× / 2.80×
-      at 16² / 32² / 48². Hence dense up to 16×16 tokens and separable above, first in the batched form (all heads
-      in one contraction): measured since (``python -m timm_attnconv.benchmark --paths``, bf16, batch 64) against
-      dense at 16² / 32² / 48² tokens, 1.04× / 1.02× / 1.31× on an H100 and 0.91× / 1.07× / 1.39× on an H200, and
-      again on an H100 in session 37: 1.07× / 1.02× / 1.32× (quadratic), 1.03× / 1.02× / 1.35× (learned). The
-      values-first form was slower than the batched one there at every grid (0.93× / 0.98× / 1.27× against dense),
-      so it stays a form asked for by name. Above 16×16 tokens the direct form (the batched row mix, each head's
-      column mix written in place) is faster still: on an H200 (session 63, the same command, quadratic / learned)
-      1.15× / 1.15× dense's speed at 32² and 1.58× / 1.61× at 48², against the batched form's 1.07× / 1.07× and
-      1.39× / 1.42× in the same run; at 16² it took 0.81× / 0.82× and the batched form 1.05× / 1.06×, within
-      dense's spread, so dense stays the choice there.
+      10,443 img/s); bf16 batch 32 at 48×48, the loop 1.07× faster. Hence dense up to 16×16 tokens and separable
+      above, in the direct form (the row mix of all heads in one matrix product, each head's column mix written in
+      place): on an H200 (session 63, ``python -m timm_attnconv.benchmark --paths``, bf16, batch 64, quadratic /
+      learned) 1.15× / 1.15× dense's speed at 32² and 1.58× / 1.61× at 48²; at 16² it took 0.81× / 0.82×, so dense
+      stays the choice there. Two other forms measured in the same runs were never faster than these beyond the
+      spread, on either device, and were retired (BENCHMARK.md, "Retired forms").
     * other devices keep what every device ran before this table: the loop, everywhere it is exact.
     """
     rules = {
@@ -101,13 +95,11 @@ class PositionalSelfAttention(AttentionLayer):
         attn_path: ``'dense'`` (the original algorithm: full ``(HW)²`` maps, one einsum over all heads, then
             ``proj_heads``), ``'separable'`` (exact factorised softmax; needs a separable, input-independent position
             term) or ``'auto'`` (the faster exact path for the input's device and grid, :func:`auto_path_rule`;
-            ``dense`` where separable is inexact). The separable algorithm has four forms; the same table chooses
+            ``dense`` where separable is inexact). The separable algorithm has two forms; the same table chooses
             one per device: a loop over heads that applies each head's value map as soon as its average is formed
             (``'separable_loop'``, fastest on CPU) and the direct form (``'separable_direct'``, fastest on CUDA: all
-            heads' row mix in one batched contraction, then each head's column mix written in place into
-            proj_heads' input). ``'separable_batched'`` (all heads in one contraction for both mixes) and
-            ``'separable_values_first'`` (value maps before the averages: no heads·D-wide copy) are there for
-            measurement; each name forces its form. A forced separable path raises ``ValueError`` where it cannot
+            heads' row mix in one matrix product, then each head's column mix written in place into proj_heads'
+            input). Each name forces its form. A forced separable path raises ``ValueError`` where it cannot
             run: at construction for an inexact position term, in training while attention dropout is active.
         attn_kernel: how a content layer's dense attention runs, one of :data:`~timm_attnconv.layers.ATTN_KERNELS`:
             ``'explicit'`` (the maps, the reference), ``'sdpa'`` (position logits as SDPA's additive mask),
@@ -261,45 +253,10 @@ class PositionalSelfAttention(AttentionLayer):
             out = torch.addmm(out, y, weight[:, head * dim:(head + 1) * dim].t())  # this head's value map, summed
         return out.reshape(batch, height, width, weight.shape[0])
 
-    def _attend_separable_batched(self, x: torch.Tensor) -> torch.Tensor:
-        # The same sum as _attend_separable_loop with every head in one contraction per step: one matrix product mixes
-        # the key rows of all heads, one batched product (heads as the batch) the key columns, and proj_heads applies
-        # the value maps to the heads·D-wide concatenation as one GEMM, as the dense path does. Few large kernels
-        # instead of 3 per head: the shape a GPU wants.
-        batch, height, width, dim = x.shape
-        heads = self.num_heads
-        rows, cols = self._axis_probs(height, width, x.dtype)
-        # keys' row axis first and column axis last, so that each step contracts an outer axis of one operand
-        by_rows = x.permute(1, 0, 3, 2).reshape(height, batch * dim * width)  # (H_k, B·D·W_l)
-        y = rows.reshape(heads * height, height) @ by_rows  # mix key rows: (heads·H, B·D·W_l)
-        y = y.reshape(heads, height * batch * dim, width).transpose(1, 2)  # (heads, W_l, H·B·D), a view
-        y = torch.bmm(cols, y)  # mix key columns: (heads, W, H·B·D)
-        y = y.reshape(heads, width, height, batch, dim).permute(3, 2, 1, 0, 4)  # (B, H, W, heads, D)
-        return self.proj_heads(y.reshape(batch, height, width, heads * dim))
-
-    def _attend_separable_values_first(self, x: torch.Tensor) -> torch.Tensor:
-        # The same sum in another order: Σ_h A_cols,h (A_rows,h (X W_hᵀ)). The batched form's last step copies its
-        # (heads, W, H, B, D) result into the (B, H, W, heads·D) layout proj_heads reads (30% of its GPU time at 96 px,
-        # BENCHMARK.md); applying each head's value map first lets the column mix sum over heads and key columns in
-        # one GEMM, so only (B, H, W, D)-sized tensors change layout.
-        batch, height, width, dim = x.shape
-        heads = self.num_heads
-        rows, cols = self._axis_probs(height, width, x.dtype)
-        weight, bias = self.proj_heads.weight.to(x.dtype), self.proj_heads.bias.to(x.dtype)
-        out_dim = weight.shape[0]
-        tokens = x.permute(2, 0, 1, 3).reshape(1, width * batch * height, dim)  # (1, W_l·B·H_k, D)
-        values = torch.bmm(tokens.expand(heads, -1, -1), weight.view(out_dim, heads, dim).permute(1, 2, 0))
-        # mix key rows: (heads, W_l·B, H, O)
-        y = torch.matmul(rows[:, None], values.view(heads, width * batch, height, out_dim))
-        # mix key columns and sum the heads: (W, heads·W_l) @ (heads·W_l, B·H·O), the bias added by the GEMM
-        out = torch.addmm(bias.repeat(batch * height), cols.transpose(0, 1).reshape(width, heads * width),
-                          y.view(heads * width, batch * height * out_dim))
-        return out.view(width, batch, height, out_dim).permute(1, 2, 0, 3).contiguous()
-
     def _attend_separable_direct(self, x: torch.Tensor) -> torch.Tensor:
-        # The batched form's row mix, then each head's column mix written by its own batched product straight into
-        # that head's slice of proj_heads' input, laid out (H, B, W, heads·D): the batched form's copy of its
-        # (heads, W, H, B, D) result into that layout (30% of its GPU time at 96 px, BENCHMARK.md) never happens, and
+        # Every head's row mix in one matrix product, then each head's column mix written by its own batched product
+        # straight into that head's slice of proj_heads' input, laid out (H, B, W, heads·D): no copy of a
+        # (heads, W, H, B, D) result into that layout (30% of the GPU time of a form that made it, BENCHMARK.md), and
         # the input's one copy moves whole (W, D) rows instead of transposing W and D. The output is a (B, H, W, O)
         # view of an (H, B, W, O) tensor.
         batch, height, width, dim = x.shape
@@ -390,10 +347,6 @@ class PositionalSelfAttention(AttentionLayer):
         algorithm = self._algorithm(x)
         if algorithm == 'separable_loop':
             out = self._attend_separable_loop(x)
-        elif algorithm == 'separable_batched':
-            out = self._attend_separable_batched(x)
-        elif algorithm == 'separable_values_first':
-            out = self._attend_separable_values_first(x)
         elif algorithm == 'separable_direct':
             out = self._attend_separable_direct(x)
         else:

@@ -5,8 +5,8 @@
 # family eager, then compiled), then the ones that explain them. Each step is cut at 90 s (one that compiles at 150
 # s), so the whole outlasts one 10-minute call: start it in the background and collect the file.
 #   --profile         op profiles into profile.txt: after the eager targets, the models that miss the targets and
-#                     their bases, eager (the SA fast path beside dense at 96 px among them, the EA models also with
-#                     their fused attention); last (compiled) AA-ResNet-50 and ResNet-50
+#                     their bases, eager (the SA fast path beside dense at 96 px among them); last (compiled)
+#                     AA-ResNet-50 and ResNet-50
 #   --budget SECONDS  start no step after SECONDS, and cut a step at what is left: the GPU is needed for training next
 #                     (a compiled step with less than a minute left is skipped, so eager steps get that minute)
 #   --steps LIST      only these steps (counted from 1 as the steps below run; LIST as 4-6,19,21-: numbers and
@@ -38,11 +38,11 @@ printf '%s\n%s\n' $$ "$out" > "${BENCH_PID:-/tmp/benchmark.pid}"  # status.sh wa
 B="python3 -m timm_attnconv.benchmark --device ${DEVICE:-cuda} --amp bf16 --iters $iters"
 P="python3 training/gpu/op_profile.py --device ${DEVICE:-cuda} --shapes"
 compiled_min=60  # the least budget a compiling step starts with: compiling both sides alone can take most of it
-# Triton's autotuner prints the configuration it picks for EA's kernels, and how long it took (which block of query
+# Triton's autotuner prints the configuration it picks for EA's kernel, and how long it took (which block of query
 # rows wins where is not measured yet, layers/_evolution_triton.py)
 export TRITON_PRINT_AUTOTUNING=1
 run_to() {  # FILE COMMAND...: the command, cut at its limit (90 s; 150 s where it compiles: torch.compile, or the
-  # autotuning of EA's Triton kernels, 3 to 6 configurations each per map shape) or at what is left of the budget
+  # autotuning of EA's Triton kernel, 3 to 6 configurations per map shape) or at what is left of the budget
   local file=$1 limit=90 started=$SECONDS; shift
   case " $* " in *" --compile "* | *" triton"*) limit=150;; esac
   if [ "$budget" -gt 0 ]; then
@@ -114,8 +114,6 @@ if [ $profile = 1 ]; then  # where the time of the models that miss the targets 
   # the content model at its throughput target's batch (issue 18: at least 1.5x the 4,689 img/s of an H100), whose
   # time no profile has split yet
   run_to "$profile_out" $P --batch-size 256 sa_learned_content_cifar
-  # the EA models with each evolved layer's attention in one kernel (session 43): that kernel against the rest
-  run_to "$profile_out" $P --evolution-layout triton_attention ea_aa_resnet50 deit_ea_small_patch16_224
 fi
 targets --compile
 # what explains them: the paths 'auto' chooses between, the attention kernels, how EA's map convolution runs,
@@ -126,33 +124,15 @@ step $B --kernels --models aa_resnet50 --batch-size 128
 # at batch 256): 'auto' takes FlexAttention on CUDA for its memory, the slowest of the four as built, at batch 128
 # (0.67x the explicit maps', session 37)
 step $B --kernels --reparameterize --models sa_learned_content_cifar --batch-size 256
-# EA's update as one Triton kernel (inference on CUDA), its convolution as multiply-adds ('triton', the default
-# since session 40) and as matrix products on tensor cores ('triton_matmul', session 42, not run on a GPU before),
-# against cuDNN's convolution and the passes around it: most of what EA adds to its bases in the op profiles; and
-# the layer's whole attention in one kernel ('triton_attention', session 43, not run on a GPU before). Each kernel's
-# first call per map shape autotunes it (one step per model, each given the 150 s of a compiling step)
-step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models deit_ea_small_patch16_224 \
-  --batch-size 128
-step $B --evolution-layouts channels_last triton triton_matmul triton_attention --models ea_aa_resnet50 \
-  --batch-size 128
+# EA's update as one Triton kernel (inference on CUDA; 'triton', the default since session 40) against cuDNN's
+# convolution and the passes around it: most of what EA adds to its bases in the op profiles. The kernel's first call
+# per map shape autotunes it (one step per model, each given the 150 s of a compiling step)
+step $B --evolution-layouts channels_last triton --models deit_ea_small_patch16_224 --batch-size 128
+step $B --evolution-layouts channels_last triton --models ea_aa_resnet50 --batch-size 128
 # the compiled AA target: SDPA with the bias as its mask (what 'auto' takes in a compiled model on CUDA) against SDPA
 # without a mask and FlexAttention inside the model's graph (before session 37's fix, torch 2.11 refused the latter)
 step $B --compile --kernels sdpa sdpa_onehot flex --models aa_resnet50 --batch-size 128
 step $B --train --models sa_quadratic_cifar sa_learned_content_cifar --batch-size 256
 step $B --train --models aa_resnet20_cifar --batch-size 256
 step $B --train --kernels sdpa sdpa_onehot flex --models aa_resnet20_cifar --batch-size 256
-# the EA twin's training steps per layout of its map convolution (GPU plan D trains it): the shifted sums lost at
-# inference on EA-DeiT-S (session 37: 0.77x eager, 0.62x compiled), but won on the CPU with this model's 4 heads
-step $B --train --evolution-layouts channels_last shifted_sum --models ea_aa_resnet20_cifar --batch-size 256
-# the EA targets (steps 6 and 7) with each evolved layer's whole attention in one Triton kernel ('triton_attention',
-# session 43, not run on a GPU before): q k^T of the convolution's taps, the update and an online softmax with the
-# values, writing only the logits the next layer takes; 'auto' takes it only once it wins steps 20-21
-step $B --versus ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --sizes 224 --batch-size 128 \
-  --evolution-layout triton_attention
-step $B --versus deit_ea_small_patch16_224:deit_small_patch16_224 --sizes 224 --batch-size 128 \
-  --evolution-layout triton_attention
-# the same kernel reading the layer's own S = q k^T instead of forming it again for each of the convolution's taps
-# ('triton_attention_from_logits', session 44, not run on a GPU before), against the default kernel of steps 20-21
-step $B --evolution-layouts triton triton_attention_from_logits --models deit_ea_small_patch16_224 --batch-size 128
-step $B --evolution-layouts triton triton_attention_from_logits --models ea_aa_resnet50 --batch-size 128
 [ $profile = 0 ] || run_to "$profile_out" $P --compile aa_resnet50 resnet50

@@ -7,7 +7,7 @@ Each MODEL[:JSON kwargs] at its default input size (or --img-size), in eval mode
 bf16), optionally compiled, is warmed up as the benchmark does (until two timings agree) and then profiled over
 --steps forward passes with torch.profiler; printed: its time per image and the --top ops by self time on the device
 (the CPU when --device cpu). --evolution-layout sets how the EA models' maps evolve (set_evolution_layout), e.g.
-'triton_attention', whose one kernel per layer the profile weighs against the rest. Run it on an idle GPU.
+'channels_last', the reference update, against the default's Triton kernel. Run it on an idle GPU.
 """
 import argparse
 import json
