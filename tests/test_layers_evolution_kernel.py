@@ -17,7 +17,7 @@ from timm_attnconv.layers.evolution_kernel import fused_evolution_unsupported_re
 from timm_attnconv.layers.kernel_failures import KernelFailures
 
 # the child: every case through the kernel, and a layer under no_grad in its default layout and in 'triton', and with
-# a gradient
+# a gradient in both
 INTERPRETED = '''
 import sys
 import torch
@@ -31,8 +31,8 @@ with torch.no_grad():
         reasons.append(fused_evolution_unsupported_reason(*args[:3]))
         outputs.append(fused_evolve(*args))
 calls = []
-def counting(*args):
-    evolved = fused_evolve_or_none(*args)
+def counting(*args, forced):
+    evolved = fused_evolve_or_none(*args, forced=forced)
     calls.append(evolved is not None)
     return evolved
 evolving.fused_evolve_or_none = counting
@@ -41,8 +41,13 @@ ea.load_state_dict(layer)
 with torch.no_grad():
     inference = ea(*maps)
     forced = evolving.set_evolution_layout(ea, 'triton')(*maps)
-with_gradient = ea(maps[0].requires_grad_(), maps[1])
-torch.save(dict(reasons=reasons, outputs=outputs, calls=calls, inference=inference, forced=forced,
+try:
+    ea(maps[0].clone().requires_grad_(), maps[1])
+    refused = None
+except ValueError as error:
+    refused = str(error)
+with_gradient = evolving.set_evolution_layout(ea, 'auto')(maps[0].requires_grad_(), maps[1])
+torch.save(dict(reasons=reasons, outputs=outputs, calls=calls, inference=inference, forced=forced, refused=refused,
                 with_gradient=with_gradient.detach()), sys.argv[2])
 '''
 
@@ -108,8 +113,10 @@ def test_the_kernel_is_the_reference_update_and_the_layer_runs_it_for_inference_
             else:
                 torch.testing.assert_close(out, expected, **DTYPES[dtype])
         expected = ea(*maps)
-    # the kernel ran under no_grad; with a gradient the layer took the reference (the kernel has no backward)
+    # the kernel ran under no_grad; with a gradient the layer took the reference (the kernel has no backward) in
+    # 'auto', and refused in 'triton'
     assert result['calls'] == [True, True, False]
+    assert "'triton' cannot run here: a gradient is needed and the Triton kernel has no backward" in result['refused']
     torch.testing.assert_close(result['inference'], expected)
     torch.testing.assert_close(result['forced'], expected)
     torch.testing.assert_close(result['with_gradient'], expected)
@@ -139,15 +146,31 @@ def test_the_reasons_it_cannot_run():
     assert '8 heads of 2049 keys do not fit' in fused_evolution_unsupported_reason(wide, wide, torch.zeros(8, 8, 3, 3))
 
 
-def test_the_triton_layout_is_the_default_one_where_the_kernel_cannot_run():
+# why the kernel does not run on CPU tensors, outside the interpreter (where Triton is installed, and where not)
+ON_CPU = '(the maps are on cpu: the Triton kernel runs on CUDA|Triton is not installed)'
+
+
+def test_the_default_layout_runs_the_reference_where_the_kernel_cannot_and_triton_says_why():
     torch.manual_seed(0)
     ea = AttentionEvolution(3, 0.3, 0.6)
     logits, prev = torch.randn(2, 3, 6, 6), torch.randn(2, 3, 6, 6)
     with torch.no_grad():
-        expected = ea(logits, prev)
-        torch.testing.assert_close(set_evolution_layout(ea, 'triton')(logits, prev), expected)  # CPU tensors
+        expected = set_evolution_layout(ea, 'channels_last')(logits, prev)
+        set_evolution_layout(ea, 'auto')
+        torch.testing.assert_close(ea(logits, prev), expected)  # CPU tensors
         torch.testing.assert_close(torch.jit.script(ea)(logits, prev), expected)
         torch.testing.assert_close(torch.compile(ea, backend='eager', fullgraph=True)(logits, prev), expected)
+        # a forced kernel does not quietly become the reference: eager, scripted and compiled, it names the reason
+        # and the layouts that run
+        set_evolution_layout(ea, 'triton')
+        fix = "Use the layout 'auto' .* or 'channels_last'"
+        with pytest.raises(ValueError, match=f"'triton' cannot run here: {ON_CPU}.*{fix}"):
+            ea(logits, prev)
+        with pytest.raises(ValueError, match=f"'triton' cannot run here: inside a compiled or traced graph .*{fix}"):
+            torch.compile(ea, backend='eager')(logits, prev)
+        with pytest.raises(torch.jit.Error, match="'triton' cannot run in a TorchScript model"):
+            torch.jit.script(ea)(logits, prev)
+        assert ea(logits[:0], prev[:0]).shape == (0, 3, 6, 6)  # an empty batch: nothing to launch, nothing refused
 
 
 def test_a_kernel_that_fails_is_said_once_and_the_reference_runs(monkeypatch):
@@ -173,3 +196,20 @@ def test_a_kernel_that_fails_is_said_once_and_the_reference_runs(monkeypatch):
             torch.testing.assert_close(ea(logits, prev), expected)
         assert 'failed for such maps before (RuntimeError: out of resource' in \
             fused_evolution_unsupported_reason(logits, prev, ea.conv.weight)
+
+
+def test_a_forced_kernel_that_fails_is_raised_with_its_cause(monkeypatch):
+    def failing(*args):
+        raise RuntimeError('out of resource: shared memory, Required: 264192, Hardware limit: 232448')
+    monkeypatch.setattr(evolution_kernel, '_interpreting', lambda: True)
+    monkeypatch.setattr(evolution_kernel, '_triton_installed', lambda: True)  # the failure is made up here
+    monkeypatch.setattr(evolution_kernel, 'fused_evolve', failing)
+    monkeypatch.setattr(evolution_kernel, '_FAILURES', KernelFailures())
+    ea = set_evolution_layout(AttentionEvolution(3), 'triton')
+    logits = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"'triton' cannot run here: the kernel failed for such maps "
+                                             r"\(RuntimeError: out of resource: shared memory"):
+            ea(logits, logits)
+        with pytest.raises(ValueError, match=r"the kernel failed for such maps before \(RuntimeError: out of resource"):
+            ea(logits, logits)  # without a second try

@@ -38,8 +38,9 @@ def test_update_matches_the_per_element_formula(residual, conv_weight):
                     expected[batch, g, p, q] = conv_weight * torch.relu(acc) + (1 - conv_weight) * mixed[batch, g, p, q]
     with torch.no_grad():
         torch.testing.assert_close(ea(s, prev), expected)
-        # every way of running the convolution: the same update, handed on contiguous for the softmax
-        for layout in EVOLUTION_LAYOUTS:
+        # every way of running the convolution on the CPU: the same update, handed on contiguous for the softmax
+        # ('triton', the GPU kernel, refuses CPU tensors: its own tests run it through Triton's interpreter)
+        for layout in ('auto', 'channels_last'):
             out = set_evolution_layout(ea, layout)(s, prev)
             torch.testing.assert_close(out, expected)
             assert out.is_contiguous()
@@ -55,18 +56,23 @@ def test_the_layout_switch_reaches_the_update(monkeypatch):
         seen.append(('conv', maps.is_contiguous(memory_format=torch.channels_last) and not maps.is_contiguous()))
         return conv(maps, weight, bias, padding)
 
-    def recording_kernel(*args):
-        seen.append('kernel')
-        return kernel(*args)
+    def recording_kernel(*args, forced):
+        seen.append(('kernel', forced))
+        return kernel(*args, forced=forced)
     monkeypatch.setattr(evolving, '_conv_in_maps_dtype', recording_conv)
     monkeypatch.setattr(evolving, 'fused_evolve_or_none', recording_kernel)
     with torch.no_grad():
         for layout in EVOLUTION_LAYOUTS:
             set_evolution_layout(torch.nn.Sequential(ea), layout)  # found inside a model
-            ea(s, prev)
-    # 'auto' and 'triton' ask for the Triton kernel, which does not run on CPU tensors (outside its interpreter):
-    # they, and 'channels_last' without asking, run the reference convolution over channels_last maps
-    assert seen == ['kernel', ('conv', True), ('conv', True), 'kernel', ('conv', True)]
+            if layout == 'triton':
+                with pytest.raises(ValueError, match="'triton' cannot run here: (the maps are on cpu|Triton is not "
+                                                     "installed)"):
+                    ea(s, prev)
+            else:
+                ea(s, prev)
+    # 'auto' asks for the Triton kernel, which does not run on CPU tensors (outside its interpreter): it, and
+    # 'channels_last' without asking, run the reference convolution over channels_last maps; 'triton' insists
+    assert seen == [('kernel', False), ('conv', True), ('conv', True), ('kernel', True)]
     with pytest.raises(ValueError, match="layout must be one of \\('auto', 'channels_last', 'triton'\\)"):
         set_evolution_layout(ea, 'nhwc')
 

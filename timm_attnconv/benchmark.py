@@ -35,7 +35,8 @@ img/s, speed over the first kernel named, peak memory and ``max |Δ logits|``; a
 times an evolving-attention model with each way of running the update over its attention maps
 (``timm_attnconv.layers.set_evolution_layout``; or those named): ``'auto'`` (the default: the Triton kernel at
 inference on CUDA, else channels_last), the reference convolution over channels_last maps, and the whole update as
-one Triton kernel (inference on CUDA; channels_last elsewhere) (with ``--train``, their training steps).
+one Triton kernel (inference on CUDA; elsewhere listed with the reason it cannot run) (with ``--train``, their training
+steps).
 ``--evolution-layout`` runs the EA models of ``--versus`` pairs in one such layout (``--versus
 ea_aa_resnet50:ea_aa_resnet50 --baseline-kwargs '{"evolve": false}' --evolution-layout channels_last``). With
 ``--reparameterize`` both time each model's inference form (``reparameterize_model``), the form the fast side of the

@@ -20,7 +20,8 @@ that run and were retired (BENCHMARK.md, "Retired forms").
 On CUDA, Triton's autotuner picks the block and the warps once per map shape and dtype, at the first call. Forward
 only: there is no autograd formula, so :func:`fused_evolution_unsupported_reason` sends every call that needs a
 gradient (training), and calls inside a compiled graph (inductor lowers the reference there), to the reference; so
-does :func:`fused_evolve_or_none` for maps whose kernel failed to build or run, once, with a warning.
+does :func:`fused_evolve_or_none` for maps whose kernel failed to build or run, once, with a warning. A layer forced to
+the layout ``'triton'`` raises there instead, with that reason.
 ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors through Triton's interpreter: that is how the tests check it
 without a GPU.
 """
@@ -33,13 +34,19 @@ from typing import Optional, Tuple
 import torch
 
 from ..constants import EVOLUTION_KERNEL_ACCUMULATORS
+from .forward_errors import raise_value_error
 from .kernel_failures import KernelFailed, KernelFailures
 
-__all__ = ['fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none', 'kernel_shapes']
+__all__ = ['FORCED_KERNEL_ERROR', 'fused_evolution_unsupported_reason', 'fused_evolve', 'fused_evolve_or_none',
+           'kernel_shapes']
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _MAX_ACCUMULATORS = 2 * EVOLUTION_KERNEL_ACCUMULATORS
 _MAX_HEADS = 16
+# what a layer in the layout 'triton' raises where the kernel cannot run ({reason}: why)
+FORCED_KERNEL_ERROR = ("evolution layout 'triton' cannot run here: {reason}. Use the layout 'auto' (the default: "
+                       "the kernel where it runs, the reference update elsewhere) or 'channels_last' "
+                       "(set_evolution_layout)")
 # (device type, dtype, heads, keys) → why the kernel failed for such maps: each try costs compilations, so
 # none is made twice
 _FAILURES = KernelFailures()
@@ -136,16 +143,24 @@ def fused_evolve(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor,
 
 
 def fused_evolve_or_none(logits: torch.Tensor, prev: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                         residual: float, conv_weight: float) -> Optional[torch.Tensor]:
+                         residual: float, conv_weight: float, forced: bool = False) -> Optional[torch.Tensor]:
     """:func:`fused_evolve` where it can run, else ``None`` (the caller runs the reference). A kernel that fails to
     build or launch for some maps (Triton's compiler, the GPU's resources) is remembered and said once, with a
-    warning; the device running out of memory is raised."""
-    if fused_evolution_unsupported_reason(logits, prev, weight) is not None:
+    warning; the device running out of memory is raised. ``forced`` (the layout ``'triton'``): where the kernel
+    cannot run, or failed, a ``ValueError`` that says why, not the reference; an empty batch, which the kernel has
+    nothing to launch for, still gets ``None``."""
+    reason = fused_evolution_unsupported_reason(logits, prev, weight)
+    if reason is not None:
+        if forced and logits.shape[0] != 0:
+            raise_value_error(FORCED_KERNEL_ERROR.format(reason=reason))
         return None
     key = _maps_key(logits)
     try:
         return _FAILURES.run(key, fused_evolve, logits, prev, weight, bias, residual, conv_weight)
     except KernelFailed as failure:
+        if forced:
+            raise ValueError(FORCED_KERNEL_ERROR.format(reason=f'the kernel failed for such maps ({failure})')
+                             ) from failure
         warnings.warn(f"the Triton kernel of EA's update failed on {key[0]} for {key[2]} heads of {key[3]} keys in "
                       f"{key[1]} ({failure}); such maps take the 'channels_last' layout (the same update)",
                       stacklevel=3)

@@ -38,9 +38,9 @@ from .forward_errors import raise_value_error
 __all__ = ['AttentionEvolution', 'ChainSlot', 'ChainedAAConv2d', 'ChainedAttention', 'EvolvingChain',
            'EVOLUTION_LAYOUTS', 'TIMM_TESTED', 'check_timm_api', 'link_chain', 'set_evolution_layout']
 
-# how the update runs (AttentionEvolution.conv_layout), the default first: 'auto', 'channels_last' (the reference:
-# F.conv2d over channels_last maps) and 'triton' (the whole update in one Triton kernel where it can run, inference on
-# CUDA, evolution_kernel.py)
+# how the update runs (AttentionEvolution.conv_layout), the default first: 'auto' ('triton' where its kernel runs,
+# 'channels_last' elsewhere), 'channels_last' (the reference: F.conv2d over channels_last maps) and 'triton' (the whole
+# update in one Triton kernel, evolution_kernel.py: inference on CUDA in an eager model; elsewhere a ValueError)
 EVOLUTION_LAYOUTS = ('auto', 'channels_last', 'triton')
 # the timm releases the test suite has passed with at both ends (setup.cfg's install_requires, checked by a test)
 TIMM_TESTED = ('1.0.28', '1.0.31')
@@ -58,9 +58,9 @@ class AttentionEvolution(nn.Module):
         self.num_heads = num_heads
         self.evolve_residual = evolve_residual
         self.evolve_conv_weight = evolve_conv_weight
-        # how the update runs, one of EVOLUTION_LAYOUTS (set_evolution_layout). 'auto': the Triton kernel for
-        # inference on CUDA (an H100, bf16: EA-DeiT-S 1.51× and EA-AA-ResNet-50 1.12× the speed of channels_last),
-        # channels_last elsewhere
+        # how the update runs, one of EVOLUTION_LAYOUTS (set_evolution_layout). 'auto': the Triton kernel where it
+        # runs, inference on CUDA (an H100, bf16: EA-DeiT-S 1.51× and EA-AA-ResNet-50 1.12× the speed of
+        # channels_last), channels_last elsewhere
         self.conv_layout = 'auto'
         self.conv = nn.Conv2d(num_heads, num_heads, kernel_size, padding=kernel_size // 2, device=device, dtype=dtype)
         nn.init.trunc_normal_(self.conv.weight, std=(num_heads * kernel_size ** 2) ** -0.5)  # fan-in, as released
@@ -78,12 +78,16 @@ class AttentionEvolution(nn.Module):
         # a Python int, also under torch.jit.trace (fvcore), where torch 2.8 passed one derived from the traced
         # weight's shape to the convolution as an empty padding
         padding = self.conv.kernel_size[0] // 2
-        if not torch.jit.is_scripting() and not torch.compiler.is_compiling():  # an eager model
-            if self.conv_layout != 'channels_last':
-                evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight)
-                if evolved is not None:
-                    return evolved
-        # where the kernel cannot run (gradients, CPU, compiled graphs): the same update
+        if torch.jit.is_scripting():
+            if self.conv_layout == 'triton':
+                raise ValueError("evolution layout 'triton' cannot run in a TorchScript model (it cannot launch the "
+                                 "Triton kernel): use the layout 'auto' or 'channels_last' (set_evolution_layout)")
+        elif self.conv_layout == 'triton' or (self.conv_layout == 'auto' and not torch.compiler.is_compiling()):
+            evolved = fused_evolve_or_none(logits, prev, weight, bias, residual, conv_weight,
+                                           forced=self.conv_layout == 'triton')
+            if evolved is not None:
+                return evolved
+        # 'channels_last', and 'auto' where the kernel cannot run (gradients, CPU, compiled graphs): the same update
         return _evolve(logits, prev, weight, bias, residual, conv_weight, padding)
 
 
@@ -117,10 +121,12 @@ def _conv_in_maps_dtype(maps: torch.Tensor, weight: torch.Tensor, bias: Optional
 
 def set_evolution_layout(model: nn.Module, layout: str) -> nn.Module:
     """Run the update of every :class:`AttentionEvolution` of ``model`` in ``layout``, one of
-    :data:`EVOLUTION_LAYOUTS`: ``'auto'`` (the default) and ``'triton'`` run mix, convolution, bias and ReLU in one
-    Triton kernel that reads each map once (:mod:`~timm_attnconv.layers.evolution_kernel`) where it runs, inference on
-    CUDA outside a compiled graph, and ``'channels_last'`` elsewhere; ``'channels_last'`` always runs the reference
-    (``F.conv2d`` over channels_last maps). The same update, up to the rounding of sums in another order: on an H200
+    :data:`EVOLUTION_LAYOUTS`: ``'triton'`` runs mix, convolution, bias and ReLU in one Triton kernel that reads each
+    map once (:mod:`~timm_attnconv.layers.evolution_kernel`), which runs for inference on CUDA outside a compiled
+    graph; elsewhere (a gradient, CPU tensors, a compiled or scripted model, maps whose kernel failed) the forward
+    pass raises a ``ValueError`` that says why. ``'channels_last'`` runs the reference (``F.conv2d`` over
+    channels_last maps); ``'auto'`` (the default) runs ``'triton'`` where it can and ``'channels_last'`` elsewhere.
+    The same update, up to the rounding of sums in another order: on an H200
     (bf16 inference) the kernel ran EA-DeiT-S 1.33× as fast as the reference and EA-AA-ResNet-50 level with it
     (BENCHMARK.md, session 63). Returns ``model``."""
     if layout not in EVOLUTION_LAYOUTS:
