@@ -107,6 +107,8 @@ def test_forward_intermediates(name):
             assert feat.shape == (2, info['num_chs'], side, side)
         last = model.forward_intermediates(x, indices=[1], intermediates_only=True, stop_early=True)
         torch.testing.assert_close(last[0], intermediates[1])
+        with pytest.raises(ValueError, match='got dtype torch.uint8'):  # the input check of forward
+            model.forward_intermediates(x.to(torch.uint8), intermediates_only=True)
         model.set_grad_checkpointing()
         torch.testing.assert_close(model.forward_intermediates(x)[0], final)
         kept = model.prune_intermediate_layers([0, 1])
@@ -126,6 +128,9 @@ def test_features_only(name):
     for out, chs, reduction in zip(outs, info.channels(), info.reduction()):
         side = math.ceil(x.shape[-1] / reduction)
         assert tuple(out.shape) == (2, chs, side, side)
+    if not isinstance(model, timm.models.FeatureListNet):  # timm's ResNet wrapper runs the stages, not the model
+        with pytest.raises(ValueError, match='got dtype torch.uint8'):  # forward_intermediates checks the input
+            model(x.to(torch.uint8))
 
 
 def test_user_feature_cfg_merges():

@@ -92,8 +92,16 @@ class AAResNet(ResNet):
         return _relative_tables(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _input.check_image_batch(x, self.in_chans)  # here, not in forward_features: TorchScript has no super()
+        # here, not in forward_features (timm's, which checks nothing): TorchScript compiles forward_features, and
+        # no super() call
+        _input.check_image_batch(x, self.in_chans)
         return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, *args: Any, **kwargs: Any
+                              ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """timm's ResNet ``forward_intermediates`` (same arguments), the input checked first."""
+        _input.check_image_batch(x, self.in_chans)
+        return super().forward_intermediates(x, *args, **kwargs)
 
 
 def _relative_tables(model: nn.Module) -> set:
@@ -263,6 +271,7 @@ class CifarResNet(nn.Module):
             intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """Stage outputs (NCHW) at ``indices`` (timm semantics) and, unless ``intermediates_only``, the features."""
+        _input.check_image_batch(x, self.in_chans)
         return forward_intermediates(
             self.stages, self.act1(self.bn1(self.conv1(x))), indices, stop_early, output_fmt, intermediates_only,
             checkpointing=self.grad_checkpointing, features=self.norm)

@@ -187,6 +187,7 @@ class EAAAResNet(AAResNet):
         if output_fmt != 'NCHW':
             raise_value_error(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(5, indices)
+        check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         intermediates = [x] if 0 in take_indices else []
         x = self.maxpool(x)
