@@ -72,6 +72,7 @@ BAD_ARGUMENTS = [
      '\'{"num_heads": [9, 8, 9, 9, 9, 9]}\')'),
     ('evaluate', TINY + ['--model-kwargs', '[9]'], USAGE, 'argument --model-kwargs: expected a JSON object'),
     ('flops', ['sa_quadratic_tiny'], USAGE, "argument models: unknown model 'sa_quadratic_tiny'"),
+    ('flops', ['--model', 'aa_resnet20_cifar'], USAGE, 'unrecognized arguments: --model'),  # not --model-kwargs
     ('flops', ['--img-size', '-32'], USAGE, "argument --img-size: expected a whole number ≥ 1, got '-32'"),
     ('flops', ['aa_resnet20_cifar', '--model-kwargs', '{"foo": 1}'], USAGE,
      'aa_resnet20_cifar does not take --model-kwargs {"foo": 1}'),
@@ -127,6 +128,7 @@ BAD_ARGUMENTS = [
     ('train', TINY + ['--output', '{tmp}/r', '--clip-grad', '0'], USAGE, 'argument --clip-grad'),
     ('train', TINY + ['--output', '{tmp}/r', '--warmup-epochs', '-1'], USAGE, 'argument --warmup-epochs'),
     ('train', TINY + ['--output', '{tmp}/r', '--eval-every', '0'], USAGE, 'argument --eval-every'),
+    ('train', TINY + ['--output', '{tmp}/r', '--eval', '5'], USAGE, 'unrecognized arguments: --eval'),
     ('train', TINY + ['--output', '{tmp}/r', '--log-interval', '0'], USAGE, 'argument --log-interval'),
     ('train', TINY + ['--output', '{tmp}/r', '--train-limit', '0'], USAGE, 'argument --train-limit'),
     ('train', TINY + ['--output', '{tmp}/r', '--model-kwargs', '{"depth": 2'], USAGE,
@@ -145,6 +147,7 @@ BAD_ARGUMENTS = [
     ('transfer', ['pack'], USAGE, "argument command: invalid choice: 'pack'"),
     ('transfer', ['export', '{tmp}', '{tmp}/out', '--start', '-1'], USAGE, 'argument --start: expected a whole '
                                                                            'number ≥ 0'),
+    ('transfer', ['export', '{tmp}', '{tmp}/out', '--max-file', '3'], USAGE, 'unrecognized arguments: --max-file'),
     ('transfer', ['export', '{tmp}', '{tmp}/out'], INPUT, 'no training checkpoint at'),
     ('transfer', ['join', '{tmp}/joined', '{tmp}'], INPUT, 'no manifest.json in'),
     ('viz', ['heatmap'] + TINY + ['--out', '{tmp}/x.png'], USAGE, "argument figure: invalid choice: 'heatmap'"),

@@ -59,6 +59,12 @@ def fail(program: str, message: str, status: int = 2) -> NoReturn:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        # a long option's prefix is not taken for it (argparse's default): `flops --model NAME` was read as
+        # --model-kwargs NAME, `train --eval 5` as --eval-every 5; subcommands' parsers are made here too
+        kwargs.setdefault('allow_abbrev', False)
+        super().__init__(*args, **kwargs)
+
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
         parsed = super().parse_args(args, namespace)
         # checked on the parsed value, not per occurrence: a later --device overrides a recipe's earlier one that this
