@@ -92,8 +92,8 @@ class AAResNet(ResNet):
         return _relative_tables(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # here, not in forward_features (timm's, which checks nothing): TorchScript compiles forward_features, and
-        # no super() call
+        # here, not in forward_features: that one is timm's, which TorchScript compiles, and an override could not
+        # call it (TorchScript has no super())
         _input.check_image_batch(x, self.in_chans)
         return self.forward_head(self.forward_features(x))
 
