@@ -258,6 +258,17 @@ def test_the_triton_kernel_runs_at_inference_and_gives_the_reference_logits(name
             _assert_near(variant(x).float(), reference(x).float(), f'{name}, {layout}, bf16', 2e-2)
 
 
+@pytest.mark.parametrize('name', ['ea_aa_resnet20_cifar', 'deit_ea_tiny_patch16_224'])
+def test_a_forced_triton_layout_says_why_where_its_kernel_cannot_run_on_the_device(name):
+    # 'auto' runs the reference there (the checks above); 'triton' names the reason instead of running it
+    model, x = _small(name)
+    model, x = set_evolution_layout(model.to(DEVICE), 'triton'), x.to(DEVICE)
+    with pytest.raises(ValueError, match="'triton' cannot run here: a gradient is needed"):
+        model.train()(x)
+    with torch.no_grad(), pytest.raises(ValueError, match="'triton' cannot run here: inside a compiled or traced"):
+        torch.compile(model.eval(), backend='eager')(x)
+
+
 # beside each model's own choices, the kernels a layer may be set to: FlexAttention's score_mod and a Triton launch
 # have no batch to work on, and SDPA returned None for one under bf16 autocast (torch 2.11, an H200; its flash
 # backend refused one in older versions, pytorch/pytorch#133780): the layers route an empty batch around them
