@@ -128,9 +128,9 @@ def test_features_only(name):
     for out, chs, reduction in zip(outs, info.channels(), info.reduction()):
         side = math.ceil(x.shape[-1] / reduction)
         assert tuple(out.shape) == (2, chs, side, side)
-    if not isinstance(model, timm.models.FeatureListNet):  # timm's ResNet wrapper runs the stages, not the model
-        with pytest.raises(ValueError, match='got dtype torch.uint8'):  # forward_intermediates checks the input
-            model(x.to(torch.uint8))
+    # the wrappers run forward_intermediates, or (timm's FeatureListNet of the AA-ResNets) the modules, the stem first
+    with pytest.raises(ValueError, match='got dtype torch.uint8'):
+        model(x.to(torch.uint8))
 
 
 def test_user_feature_cfg_merges():

@@ -177,5 +177,6 @@ def test_aa_resnets_take_timms_deep_stems(name):
     model = timm.create_model(name, stem_type='deep', **small_kwargs(name)).eval()
     with torch.no_grad():
         assert model(torch.randn(1, 3, 64, 64)).shape[0] == 1
-    with pytest.raises(ValueError, match='channels'):
-        model(torch.randn(1, 4, 64, 64))
+    for way_in in (model, model.forward_features, model.forward_intermediates):  # the stem's first conv checks
+        with pytest.raises(ValueError, match='channels'):
+            way_in(torch.randn(1, 4, 64, 64))

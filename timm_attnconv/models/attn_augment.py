@@ -34,6 +34,27 @@ def _halve(size: int, times: int) -> int:
     return size
 
 
+class CheckedStemConv2d(nn.Conv2d):
+    """The first convolution of an AA-ResNet's stem, which checks the input batch before it convolves: every way in
+    (``forward``, ``forward_features``, ``forward_intermediates``, timm's ``features_only`` wrapper) starts here, so
+    timm's ResNet methods serve unchanged (an override could not call them under TorchScript, which has no super())."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _input.check_image_batch(x, self.in_channels)
+        return self._conv_forward(x, self.weight, self.bias)
+
+
+def _check_stem_input(model: ResNet) -> None:
+    # the stem is one conv (timm's default) or a Sequential starting with one (stem_type='deep'/'deep_tiered'); the
+    # checked conv takes over its parameters, so timm's initialisation and the state-dict keys stay as they are
+    parent, name = (model.conv1, '0') if isinstance(model.conv1, nn.Sequential) else (model, 'conv1')
+    conv = getattr(parent, name)
+    checked = CheckedStemConv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                                conv.dilation, conv.groups, conv.bias is not None, conv.padding_mode, device='meta')
+    checked.weight, checked.bias = conv.weight, conv.bias
+    setattr(parent, name, checked)
+
+
 class AAResNet(ResNet):
     """timm ``ResNet`` whose stage-2–4 3×3 convolutions are attention-augmented.
 
@@ -73,6 +94,7 @@ class AAResNet(ResNet):
             raise ValueError(f'aa_stages must be a subset of (2, 3, 4), got {tuple(aa_stages)}')
         super().__init__(block, layers, **kwargs)
         dd = dict(device=kwargs.get('device'), dtype=kwargs.get('dtype'))
+        _check_stem_input(self)
         img_h, img_w = to_2tuple(img_size)
         self.aa_stages = tuple(aa_stages)
         for stage in self.aa_stages:
@@ -90,18 +112,6 @@ class AAResNet(ResNet):
 
     def no_weight_decay(self):
         return _relative_tables(self)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # here, not in forward_features: that one is timm's, which TorchScript compiles, and an override could not
-        # call it (TorchScript has no super())
-        _input.check_image_batch(x, self.in_chans)
-        return self.forward_head(self.forward_features(x))
-
-    def forward_intermediates(self, x: torch.Tensor, *args: Any, **kwargs: Any
-                              ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """timm's ResNet ``forward_intermediates`` (same arguments), the input checked first."""
-        _input.check_image_batch(x, self.in_chans)
-        return super().forward_intermediates(x, *args, **kwargs)
 
 
 def _relative_tables(model: nn.Module) -> set:

@@ -167,7 +167,6 @@ class EAAAResNet(AAResNet):
         return take_indices
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        check_image_batch(x, self.in_chans)
         x = self.maxpool(self.act1(self.bn1(self.conv1(x))))
         x, prev, _ = self.layer1(x, None, self.grad_checkpointing)
         x, prev, _ = self.layer2(x, prev, self.grad_checkpointing)
@@ -187,7 +186,6 @@ class EAAAResNet(AAResNet):
         if output_fmt != 'NCHW':
             raise_value_error(f"output_fmt must be 'NCHW', got {output_fmt!r}")
         take_indices, max_index = feature_take_indices(5, indices)
-        check_image_batch(x, self.in_chans)
         x = self.act1(self.bn1(self.conv1(x)))
         intermediates = [x] if 0 in take_indices else []
         x = self.maxpool(x)
