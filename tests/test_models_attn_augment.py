@@ -8,6 +8,7 @@ from timm.models import get_notrace_modules
 
 import timm_attnconv
 from timm_attnconv.layers import AAConv2d
+from timm_attnconv.models.attn_augment import CheckedStemConv2d
 
 from .families import small_kwargs
 
@@ -180,3 +181,14 @@ def test_aa_resnets_take_timms_deep_stems(name):
     for way_in in (model, model.forward_features, model.forward_intermediates):  # the stem's first conv checks
         with pytest.raises(ValueError, match='channels'):
             way_in(torch.randn(1, 4, 64, 64))
+
+
+def test_the_checked_stem_keeps_timms_initialisation_and_keys():
+    torch.manual_seed(0)
+    model = timm.create_model('aa_resnet50')
+    torch.manual_seed(0)
+    plain = timm.create_model('resnet50')
+    assert isinstance(model.conv1, CheckedStemConv2d)
+    torch.testing.assert_close(model.conv1.weight, plain.conv1.weight, rtol=0, atol=0)  # same draws, same order
+    assert {k for k in model.state_dict() if k.startswith(('conv1', 'bn1'))} == {
+        k for k in plain.state_dict() if k.startswith(('conv1', 'bn1'))}
