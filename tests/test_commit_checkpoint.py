@@ -75,7 +75,7 @@ def test_final_commits_the_log_and_points_the_runs_restore_line_at_the_checkpoin
     assert done.returncode == 0, done.stderr
     kept = _git(repo, 'rev-parse', '--short=7', 'HEAD~1').strip()
     restore = f'git show {kept}:{RUN}/last.pth.tar > {RUN}/last.pth.tar  # 3 epochs + 0 steps of 3'
-    assert _git(repo, 'show', f'HEAD:training/README.md') == f'# runs\n\n{OTHER_RESTORE}\n{restore}\n'
+    assert _git(repo, 'show', 'HEAD:training/README.md') == f'# runs\n\n{OTHER_RESTORE}\n{restore}\n'
     assert readme.read_text() == f'# runs\n\n{OTHER_RESTORE}\n{restore}\nan edit of the session\n'
     logged = _git(repo, 'show', f'HEAD:{RUN}/log.jsonl')
     assert logged == (repo / RUN / 'log.jsonl').read_text() and len(logged.splitlines()) == 3
