@@ -168,6 +168,25 @@ def test_an_altered_checkpoint_is_refused(tmp_path):
         load_training_checkpoint(str(path))
 
 
+def test_the_log_records_the_machine_and_a_resume_on_another_says_so(tmp_path, capsys, monkeypatch):
+    train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])  # one epoch and a step
+    state = read_checkpoint(str(tmp_path / 'last.pth.tar'))
+    here = dict(state['runtime'])
+    assert here['processor'] and here['torch'] == torch.__version__
+    for key in ('processor', 'torch'):  # as a checkpoint from before the machine was recorded: nothing to compare
+        del state['runtime'][key]
+    runs.save_checkpoint(str(tmp_path), state)
+    capsys.readouterr()
+    train_main(TINY + ['--output', str(tmp_path), '--max-steps', '5'])
+    assert 'note:' not in capsys.readouterr().out
+    there = dict(processor='Another CPU, AVX2', torch=here['torch'])
+    monkeypatch.setattr(train_module, '_machine', lambda device: there)
+    train_main(TINY + ['--output', str(tmp_path)])
+    assert f"note: resumed with processor 'Another CPU, AVX2' (was {here['processor']!r}): results change by float " \
+           f"rounding only" in capsys.readouterr().out
+    assert [e['processor'] for e in strict_log(tmp_path)] == [here['processor'], there['processor']]
+
+
 def test_a_checkpoint_from_before_digests_loads_and_resumes(tmp_path, whole):
     # written by the trainer as it was before checkpoints carried a digest, their log and the newer options
     train_main(TINY + ['--output', str(tmp_path), '--max-steps', '4'])

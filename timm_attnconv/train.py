@@ -11,10 +11,11 @@ Every epoch ends with an atomic checkpoint ``<output>/last.pth.tar`` (model, opt
 step, the run's log and a sha256 digest of all of it) and, every ``--eval-every`` epochs and after the last, a test-set
 evaluation (of the EMA too with ``--eval-ema``, else after the last epoch only); ``<output>/log.jsonl``, one
 strict-JSON line per epoch, is then rewritten from the checkpoint, so a kill at any moment loses no line. Running the
-same command again resumes exactly where the last checkpoint left off; options that would change the result are
-refused, and so is a checkpoint that no longer matches its digest. Ctrl-C or SIGTERM stops at the next step and writes
-a checkpoint first. A NaN or infinite loss, weight or test loss stops the run before it saves, so the last good
-checkpoint stays. One run at a time holds an output folder (``train.lock``). Batches come from
+same command again resumes exactly where the last checkpoint left off (on the same processor and torch, which the log
+records: a resume on others is noted, as fp32 kernels may round differently there); options that would change the
+result are refused, and so is a checkpoint that no longer matches its digest. Ctrl-C or SIGTERM stops at the next
+step and writes a checkpoint first. A NaN or infinite loss, weight or test loss stops the run before it saves, so the
+last good checkpoint stays. One run at a time holds an output folder (``train.lock``). Batches come from
 :class:`timm_attnconv.data.EpochBatches`, which fixes every batch by ``(seed, epoch, step)``, so a resumed run sees the
 same data as an uninterrupted one.
 
@@ -33,6 +34,7 @@ import hashlib
 import json
 import math
 import os
+import platform
 import signal
 import time
 from contextlib import contextmanager, nullcontext
@@ -48,7 +50,7 @@ from .constants import AMP_DTYPES, CHECKPOINT, LOG
 from .data import EpochBatches, load_cifar10, normalize
 from .evaluate import evaluate
 from .runs import logged_epochs, read_checkpoint, save_checkpoint, write_log
-from .train_config import RUNTIME_KEYS, TrainConfig, check_resumable, initial_model, option_default
+from .train_config import MACHINE_KEYS, RUNTIME_KEYS, TrainConfig, check_resumable, initial_model, option_default
 
 __all__ = ['TrainConfig', 'train', 'main']
 
@@ -139,8 +141,32 @@ def _refuse_non_finite(obj: Any, when: str, ckpt_path: str) -> None:
         raise FloatingPointError(f'the run diverged in {when}: {problem}. Nothing was saved ({kept}); {DIVERGED_FIX}')
 
 
+def _cpu_name() -> str:
+    # Linux names the model and its instruction sets in /proc/cpuinfo (torch's CPU kernels follow the widest vector
+    # unit); elsewhere the architecture alone
+    try:
+        with open('/proc/cpuinfo') as f:
+            first = f.read().split('\n\n')[0]
+    except OSError:
+        return platform.machine()
+    info = {k.strip(): v.strip() for k, v in (line.split(':', 1) for line in first.splitlines() if ':' in line)}
+    flags = set(info.get('flags', '').split())
+    vector = next((name for flag, name in (('avx512f', 'AVX-512'), ('avx2', 'AVX2')) if flag in flags), None)
+    name = info.get('model name', platform.machine())
+    return f'{name}, {vector}' if vector else name
+
+
+def _machine(device: torch.device) -> Dict[str, str]:
+    """What a run's rounding depends on besides its options: the processor (the CPU's model and vector unit, or the
+    GPU's name) and torch's version, recorded in each log line and the checkpoint."""
+    processor = torch.cuda.get_device_name(device) if device.type == 'cuda' else _cpu_name()
+    return dict(processor=processor, torch=str(torch.__version__))  # a plain str: checkpoints load weights_only
+
+
 def _note_runtime_change(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> None:
-    changed = [f'{k} {now[k]} (was {before[k]})' for k in RUNTIME_KEYS if before and before.get(k) != now[k]]
+    # a checkpoint from before the machine was recorded says nothing of it
+    changed = [f'{k} {now[k]!r} (was {before[k]!r})' for k in RUNTIME_KEYS + MACHINE_KEYS
+               if before and k in before and before[k] != now[k]]
     if changed:
         print(f"note: resumed with {', '.join(changed)}: results change by float rounding only, so the run need not "
               f'match an uninterrupted one bit for bit')
@@ -232,7 +258,7 @@ class _Run:
 
         self.config, self.run_config, self.device, self.rank, self.world = config, run_config, device, rank, world
         self.ckpt_path, self.log_path = os.path.join(config.output, CHECKPOINT), os.path.join(config.output, LOG)
-        self.runtime = {k: getattr(config, k) for k in RUNTIME_KEYS}
+        self.runtime = dict({k: getattr(config, k) for k in RUNTIME_KEYS}, **_machine(device))
         self.steps_per_epoch = steps_per_epoch
         # seeds torch's RNG for the whole run; a resumed run's checkpoint replaces the weights, so no warm start to load
         model = initial_model(run_config, warm_start=not os.path.isfile(self.ckpt_path))

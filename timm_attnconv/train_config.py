@@ -19,7 +19,7 @@ from . import cli
 from .constants import AMP_DTYPES
 from .runs import cifar10_cfg_overlay
 
-__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'START_KEYS', 'option_default',
+__all__ = ['TrainConfig', 'RESUME_KEYS', 'DATA_KEYS', 'RUNTIME_KEYS', 'MACHINE_KEYS', 'START_KEYS', 'option_default',
            'check_resumable', 'init_from_pretrained', 'initial_model']
 
 # options that must not change between a run and its resumption: each changes the trained weights or (eval_limit) the
@@ -33,6 +33,8 @@ DATA_KEYS = {'train_data': '--data-dir / --train-limit', 'test_data': '--data-di
 # how a run executes, not what it computes (they change it by float rounding only): free to change on resume, and
 # recorded in every log line, whose throughput depends on them
 RUNTIME_KEYS = ('device', 'channels_last', 'compile')
+# what the run computes on, recorded beside those: a resume on another processor or torch changes rounding only
+MACHINE_KEYS = ('processor', 'torch')
 # the options that decide the weights a run starts from (:func:`initial_model`, then ``--init-from``): two checkpoints
 # that agree on them share a start, whatever keys later versions of the trainer added to their configs
 START_KEYS = ('model', 'model_kwargs', 'seed', 'init_from')
